@@ -594,7 +594,7 @@ def create_file(path: str, perms: str | None, user: str | None, group: str | Non
         try:
             mode = int(text, 16) if text.lower().startswith("0x") else int(text, 8)
         except ValueError:
-            raise PctError(f"invalid mode: '{perms}'") from None
+            raise PctError(f"invalid mode: '{text}'") from None
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:

@@ -1,0 +1,274 @@
+"""The lab used as a user would: pct through the ssh hop, push/pull, states, GPUs under a workload."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import hop, pct, recap, run_playbook, smi
+
+pytestmark = pytest.mark.lab
+
+HOSTILE = [
+    "plain",
+    "it's \"quoted\" 'twice'",
+    "$(touch /tmp/pwned) `touch /tmp/pwned2` ${HOME} $$",
+    "semi; colon && and || or | pipe > redirect < in & bg",
+    "new\nline\n\ttab and  two  spaces ",
+    "unicode: é ü 日本語 🚀",
+    "glob * ? [a-z] ~ # not a comment",
+    "backslash \\ \\\\ \\n end\\",
+    "-n",
+    "",
+]
+
+
+def test_second_up_changes_nothing(lab):
+    proc = run_playbook("lab.yml")
+    counts = recap(proc.stdout)["lab-host"]
+    assert counts["changed"] == 0, proc.stdout[-4000:]
+    assert counts["failed"] == 0
+
+
+def test_pct_list_over_the_hop_shows_the_containers(lab):
+    proc = hop("pct", "list")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0].split() == ["VMID", "Status", "Lock", "Name"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows["129"] == ["running", "trainer"]
+    assert rows["130"] == ["running", "server"]
+
+
+def test_nvidia_smi_over_the_hop_prints_four_rows(lab):
+    proc = hop("pct", "exec", "129", "--", "nvidia-smi", "--query-gpu=index,memory.used",
+               "--format=csv,noheader,nounits")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split(", ") for line in proc.stdout.decode().splitlines()]
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"]
+    assert all(0 < int(r[1]) < 100 for r in rows)
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_exec_delivers_hostile_arguments_byte_exact(lab, text):
+    # Through ssh the remote shell parses the line once, so every argv element is quoted for it.
+    import shlex
+
+    remote = shlex.join(["pct", "exec", "129", "--keep-env", "0", "--", "printf", "%s", text])
+    proc = hop(remote)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == text.encode()
+    assert hop("pct", "exec", "129", "--", "ls", "/tmp/pwned").returncode != 0
+
+
+def test_exec_keep_env_controls_the_environment(lab):
+    kept = hop("LEAKED=yes", "pct", "exec", "129", "--keep-env", "1", "--", "env").stdout.decode()
+    clean = hop("LEAKED=yes", "pct", "exec", "129", "--keep-env", "0", "--", "env").stdout.decode()
+    assert "LEAKED=yes" in kept
+    assert "LEAKED=yes" not in clean
+    assert "container=lxc" in clean
+
+
+def test_exec_returns_the_command_exit_code(lab):
+    assert hop("pct", "exec", "129", "--", "sh", "-c", "'exit 7'").returncode == 7
+
+
+def test_push_pull_round_trip_with_perms_and_owner(lab, tmp_path):
+    src = tmp_path / "payload with space.bin"
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    src.write_bytes(data)
+    dest = "/tmp/pushed file.bin"
+    pct("push", "129", str(src), dest, "--perms", "640", "--user", "nobody", "--group", "nogroup")
+    stat = pct("exec", "129", "--", "stat", "-c", "%a %U %G %s", dest).stdout.split()
+    assert stat == ["640", "nobody", "nogroup", str(len(data))]
+    back = tmp_path / "back.bin"
+    pct("pull", "129", dest, str(back), "--perms", "0600", "--user", "0")
+    assert back.read_bytes() == data
+    assert oct(back.stat().st_mode & 0o777) == "0o600"
+    # Empty files and hex modes.
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    pct("push", "129", str(empty), "/tmp/empty", "--perms", "0x1a4")
+    assert pct("exec", "129", "--", "stat", "-c", "%a %s", "/tmp/empty").stdout.split() == ["644", "0"]
+
+
+def test_push_never_writes_through_a_container_symlink_onto_the_host(lab, tmp_path):
+    victim = tmp_path / "host-victim"
+    victim.write_text("host data")
+    # A symlink inside the container pointing at the same absolute path as a host file.
+    pct("exec", "129", "--", "mkdir", "-p", str(tmp_path))
+    pct("exec", "129", "--", "ln", "-sfn", str(victim), "/tmp/evil-link")
+    src = tmp_path / "src"
+    src.write_text("container data")
+    pct("push", "129", str(src), "/tmp/evil-link")
+    assert victim.read_text() == "host data"
+    assert pct("exec", "129", "--", "cat", str(victim)).stdout == "container data"
+
+
+def test_push_rejects_bad_owner_and_mode(lab, tmp_path):
+    src = tmp_path / "f"
+    src.write_text("x")
+    proc = pct("push", "129", str(src), "/tmp/f", "--user", "no-such-user", check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, "failed to get uid for: no-such-user")
+    proc = pct("push", "129", str(src), "/tmp/f", "--perms", "9z", check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, "invalid mode: '09z'")
+
+
+def test_unknown_vmid_fails_like_proxmox(lab):
+    for args in (["status", "999"], ["exec", "999", "--", "true"], ["config", "999"], ["start", "999"]):
+        proc = pct(*args, check=False)
+        assert proc.returncode == 255
+        assert proc.stderr.strip() == "Configuration file 'nodes/pve-lab/lxc/999.conf' does not exist"
+
+
+def test_invalid_vmid_and_unknown_options(lab):
+    proc = pct("status", "12", check=False)
+    assert proc.returncode == 255
+    assert "vmid: invalid format - value does not look like a valid VM ID" in proc.stderr
+    proc = pct("set", "129", "--bogus", "1", check=False)
+    assert proc.returncode == 255
+    assert "bogus: property is not defined in schema" in proc.stderr
+    proc = pct("frobnicate", check=False)
+    assert proc.returncode == 255
+    assert "ERROR: unknown command 'pct frobnicate'" in proc.stderr
+
+
+@pytest.fixture
+def scratch_ct(lab):
+    vmid = "191"
+    pct("destroy", vmid, "--force", "1", check=False)
+    pct("create", vmid, "local:vztmpl/debian-12-eagle3lab_amd64.tar", "--hostname", "scratch", "--memory", "1024")
+    yield vmid
+    pct("destroy", vmid, "--force", "1", check=False)
+
+
+def test_status_transitions_and_stopped_errors(scratch_ct, tmp_path):
+    vmid = scratch_ct
+    assert pct("status", vmid).stdout.strip() == "status: stopped"
+    proc = pct("create", vmid, "local:vztmpl/debian-12-eagle3lab_amd64.tar", check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, f"CT {vmid} already exists on node 'pve-lab'")
+
+    proc = pct("exec", vmid, "--", "true", check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, f"container '{vmid}' not running!")
+    src = tmp_path / "f"
+    src.write_text("x")
+    proc = pct("push", vmid, str(src), "/tmp/f", check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, "can only push files to a running CT")
+    proc = pct("pull", vmid, "/etc/hostname", str(tmp_path / "h"), check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, "can only pull files from a running VM")
+    proc = pct("stop", vmid, check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, f"CT {vmid} not running")
+
+    pct("start", vmid)
+    assert pct("status", vmid).stdout.strip() == "status: running"
+    assert pct("exec", vmid, "--", "hostname").stdout.strip() == "scratch"
+    proc = pct("start", vmid, check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, f"CT {vmid} already running")
+    proc = pct("destroy", vmid, check=False)
+    assert (proc.returncode, proc.stderr.strip()) == (255, f"unable to destroy CT {vmid} - container is running")
+
+    pct("shutdown", vmid, "--timeout", "20", "--forceStop", "1")
+    assert pct("status", vmid).stdout.strip() == "status: stopped"
+
+    pct("set", vmid, "--memory", "2048", "--description", "line one\nline two")
+    config = pct("config", vmid).stdout
+    assert "memory: 2048\n" in config
+    assert "description: line one%0Aline two\n" in config
+    pct("set", vmid, "--delete", "description")
+    assert "description" not in pct("config", vmid).stdout
+
+
+def test_gpu_memory_follows_a_workload(lab):
+    before = smi(129, "index,memory.used,utilization.gpu,power.draw")
+    assert all(int(r[1]) < 100 and r[2] == "0" for r in before)
+    started = pct("exec", "129", "--", "lab-workload", "--gpus", "0-3", "--mib", "30000", "--bystander").stdout
+    pids = json.loads(started)
+    try:
+        during = smi(129, "index,memory.used,utilization.gpu,power.draw")
+        assert all(int(r[1]) >= 30000 for r in during), during
+        assert all(int(r[2]) > 50 and float(r[3]) > float(b[3]) for r, b in zip(during, before, strict=True))
+        apps = pct("exec", "129", "--", "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
+                   "--format=csv,noheader,nounits").stdout.splitlines()
+        assert len(apps) == 4 and all(a.endswith(", 30000") for a in apps)
+        # torchrun's picture: each worker in its own session, DataLoader children inheriting the GPU.
+        ps = pct("exec", "129", "--", "ps", "-ww", "-eo", "pid=,sid=,args=").stdout
+        workers = [line.split(None, 2) for line in ps.splitlines() if "--role worker" in line]
+        assert len({w[1] for w in workers}) == 4 and len(workers) == 4 * 3
+        # Terminating only the agent leaves the DataLoader orphans holding the memory.
+        pct("exec", "129", "--", "kill", str(pids["agent"]))
+        time.sleep(2)
+        assert all(int(r[1]) >= 30000 for r in smi(129))
+    finally:
+        pct("exec", "129", "--", "pkill", "-9", "-f", "nvemu.py workload --role (agent|worker)", check=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(int(r[1]) >= 100 for r in smi(129)):
+        time.sleep(0.2)
+    assert all(int(r[1]) < 100 for r in smi(129))
+    # The bystander holds no GPU and is still alive.
+    assert pct("exec", "129", "--", "kill", "-0", str(pids["bystander"]), check=False).returncode == 0
+    pct("exec", "129", "--", "kill", str(pids["bystander"]))
+
+
+def test_nvidia_smi_rejects_unknown_fields(lab):
+    proc = pct("exec", "129", "--", "nvidia-smi", "--query-gpu=index,bogus", "--format=csv", check=False)
+    assert proc.returncode == 2
+    assert 'Field "bogus" is not a valid field to query.' in proc.stdout
+
+
+def test_lab_up_rejects_a_taken_port(lab, tmp_path):
+    # A listener the test owns on a free port; the lab's sshd is not running there.
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    try:
+        # A separate lab root and state dir: the running lab's sshd and keys stay untouched.
+        proc = run_playbook("lab.yml", "-e", f"lab_ssh_port={port}", "--tags", "lab_host_preflight,lab_host_sshd",
+                            "-e", f"lab_host_root={tmp_path}/root", "-e", f"eagle3_lab_state_dir={tmp_path}/state",
+                            check=False)
+    finally:
+        sock.close()
+    assert proc.returncode != 0
+    assert f"Port {port} on 127.0.0.1 is already taken by another program" in proc.stdout
+
+
+def test_lab_rejects_duplicate_vmids(lab, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  children:\n    lab_hosts:\n      hosts:\n        lab-host:\n          ansible_connection: local\n"
+        "          ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
+        "    containers:\n      hosts:\n        a: {pct_vmid: 150}\n        b: {pct_vmid: 150}\n"
+    )
+    proc = run_playbook("lab.yml", "-i", str(inv), "-e", "eagle3_lab_state_dir=/tmp/unused", check=False)
+    assert proc.returncode != 0
+    assert "Two lab containers use the same VMID" in proc.stdout
+
+
+def test_lab_up_without_root_is_refused(lab, tmp_path):
+    import sys
+
+    from tests.conftest import ROOT, ansible_env
+
+    ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    probe = subprocess.run([*as_nobody, str(ansible_playbook), "--version"], cwd=ROOT, capture_output=True,
+                           check=False)
+    if probe.returncode != 0:
+        pytest.skip("this checkout or its Python is not readable by an unprivileged user")
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    os.chmod(tmp_path, 0o755)
+    proc = subprocess.run([*as_nobody, str(ansible_playbook), "lab.yml", "--tags", "lab_host_preflight"], cwd=ROOT,
+                          env=ansible_env(HOME=str(home), ANSIBLE_HOME=str(home / ".ansible"),
+                                          ANSIBLE_LOCAL_TEMP=str(home / "tmp")),
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode != 0
+    assert "The lab needs root on this machine" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

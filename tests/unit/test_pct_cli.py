@@ -1,0 +1,100 @@
+"""The lab's pct: config file codec and PVE-style argument parsing (no root, no LXC needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3_ops.lab import pct
+
+
+def test_config_round_trip_keeps_raw_lxc_lines_in_order_and_repeats():
+    text = (
+        "#GPU trainer%0Awith two lines\n"
+        "arch: amd64\ncores: 4\nhostname: trainer\nmemory: 8192\n"
+        "lxc.cgroup2.devices.allow: c 195:* rwm\n"
+        "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n"
+        "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file\n"
+    )
+    conf = pct.CtConfig.parse(text)
+    assert conf.description == "GPU trainer\nwith two lines"
+    assert conf.options["cores"] == "4"
+    assert [k for k, _ in conf.lxc] == ["lxc.cgroup2.devices.allow", "lxc.mount.entry", "lxc.mount.entry"]
+    assert pct.CtConfig.parse(conf.render()) == conf
+
+
+def test_snapshot_sections_are_not_read_as_current_config():
+    conf = pct.CtConfig.parse("memory: 1024\n[snap1]\nmemory: 512\n")
+    assert conf.options == {"memory": "1024"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "pos", "opts", "extra"),
+    [
+        (["129", "--keep-env", "0", "--", "sh", "-c", "echo hi"], ["129"], {"keep-env": "0"}, ["sh", "-c", "echo hi"]),
+        (["129", "--", "--keep-env"], ["129"], {}, ["--keep-env"]),
+        (["129", "-keep-env", "1", "--", "true"], ["129"], {"keep-env": "1"}, ["true"]),
+        (["129", "--keep-env=no", "--", "true"], ["129"], {"keep-env": "0"}, ["true"]),
+        (["129", "ls", "-l"], ["129"], {}, ["ls", "-l"]),
+    ],
+)
+def test_exec_argument_forms(argv, pos, opts, extra):
+    assert pct.parse_args(pct.COMMANDS["exec"], argv) == (pos, opts, extra)
+
+
+def test_set_accepts_indexed_options_and_types():
+    pos, opts, _ = pct.parse_args(pct.COMMANDS["set"], ["129", "--memory", "2048", "-mp0", "/data,mp=/data",
+                                                       "--onboot", "yes"])
+    assert pos == ["129"] and opts == {"memory": "2048", "mp0": "/data,mp=/data", "onboot": "1"}
+
+
+@pytest.mark.parametrize(
+    ("cmd", "argv", "message"),
+    [
+        ("set", ["129", "--memory", "lots"], "memory: type check ('integer') failed - got 'lots'"),
+        ("set", ["129", "--bogus", "1"], "bogus: property is not defined in schema"),
+        ("push", ["129", "/a"], "destination: property is missing and it is not optional"),
+        ("status", [], "vmid: property is missing and it is not optional"),
+        ("set", ["129", "--memory"], "memory: missing value"),
+    ],
+)
+def test_parameter_errors_read_like_proxmox(cmd, argv, message):
+    with pytest.raises(pct.PctError) as err:
+        pct.parse_args(pct.COMMANDS[cmd], argv)
+    assert str(err.value).startswith("400 Parameter verification failed.\n")
+    assert message in str(err.value)
+    assert err.value.usage == pct.USAGE[cmd]
+
+
+@pytest.mark.parametrize("text", ["99", "0129", "abc", "1000000000", "-1"])
+def test_vmid_bounds(text):
+    with pytest.raises(pct.PctError, match="does not look like a valid VM ID"):
+        pct.parse_vmid(text, "usage")
+
+
+def test_template_volume_ids(tmp_path, monkeypatch):
+    monkeypatch.setattr(pct, "VZTMPL_DIR", str(tmp_path))
+    (tmp_path / "t.tar").write_bytes(b"")
+    assert pct.resolve_template("local:vztmpl/t.tar") == str(tmp_path / "t.tar")
+    with pytest.raises(pct.PctError, match="volume 'local:vztmpl/missing.tar' does not exist"):
+        pct.resolve_template("local:vztmpl/missing.tar")
+    with pytest.raises(pct.PctError, match="unable to parse volume ID"):
+        pct.resolve_template("local:vztmpl/../../etc/passwd")
+
+
+def test_unknown_container_message(tmp_path, monkeypatch):
+    monkeypatch.setattr(pct, "LAB_ROOT", str(tmp_path))
+    with pytest.raises(pct.PctError) as err:
+        pct.load_config(555)
+    assert str(err.value) == f"Configuration file 'nodes/{pct.NODE}/lxc/555.conf' does not exist"
+
+
+def test_create_file_modes_and_owners(tmp_path):
+    fd = pct.create_file(str(tmp_path / "f"), "640", "0", "0")
+    import os
+
+    os.close(fd)
+    st = os.stat(tmp_path / "f")
+    assert (st.st_mode & 0o777, st.st_uid, st.st_gid) == (0o640, 0, 0) or os.geteuid() != 0
+    with pytest.raises(pct.PctError, match="invalid mode: '0rw'"):
+        pct.create_file(str(tmp_path / "g"), "rw", None, None)
+    assert not (tmp_path / "g").exists()

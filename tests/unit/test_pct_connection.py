@@ -1,0 +1,111 @@
+"""The pct connection's command line: loaded through Ansible's plugin loader, parsed by a real shell."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[2]
+os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
+
+from ansible.playbook.play_context import PlayContext  # noqa: E402
+from ansible.plugins.loader import connection_loader, init_plugin_loader  # noqa: E402
+
+init_plugin_loader()
+connection_loader.add_directory(str(ROOT / "plugins" / "connection"))
+
+ARGV_DUMPER = "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
+
+
+@pytest.fixture(scope="module")
+def fake_pct(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bin") / "pct"
+    path.write_text(ARGV_DUMPER)
+    path.chmod(0o755)
+    return path
+
+
+def make(**options) -> object:
+    conn = connection_loader.get("pct", PlayContext(), None)
+    assert conn is not None, "pct connection plugin not found by the loader"
+    direct = {"vmid": 129, "host": "pve1.example.org", "remote_user": "root"}
+    direct.update(options)
+    conn.set_options(direct=direct)
+    return conn
+
+
+def remote_argv(line: str) -> list[bytes]:
+    """What the hypervisor's POSIX login shell hands to the program when ssh delivers `line`."""
+    out = subprocess.run(["/bin/sh", "-c", line], capture_output=True, check=True).stdout
+    return out.split(b"\0")[:-1]
+
+
+def test_loader_finds_plugin_and_ssh_options():
+    conn = make()
+    assert conn.transport == "pct"
+    assert conn.has_pipelining
+    # Options inherited from the installed ansible-core ssh plugin are accepted.
+    assert conn.get_option("ssh_executable") == "ssh"
+    assert conn.get_option("use_tty") is False
+
+
+def test_command_shape(fake_pct):
+    conn = make(pct_executable=str(fake_pct))
+    argv = remote_argv(conn.build_pct_command(["/bin/sh", "-c", "echo hi"]))
+    assert argv == [b"exec", b"129", b"--keep-env", b"0", b"--", b"/usr/bin/env", b"HOME=/root", b"LOGNAME=root",
+                    b"USER=root", b"/bin/sh", b"-c", b"echo hi"]
+
+
+def test_keep_env_passes_the_command_directly(fake_pct):
+    conn = make(pct_executable=str(fake_pct), keep_env=True)
+    assert remote_argv(conn.build_pct_command(["true"])) == [b"exec", b"129", b"--keep-env", b"1", b"--", b"true"]
+
+
+@pytest.mark.parametrize(("user", "mode", "sudo"), [
+    ("root", "auto", False), ("ansible", "auto", True), ("root", "always", True), ("ansible", "never", False),
+])
+def test_sudo_prefix_for_non_root_hypervisor_users(user, mode, sudo):
+    line = make(remote_user=user, hypervisor_sudo=mode).build_pct_command(["true"])
+    assert line.startswith("sudo -n -- pct exec") == sudo
+
+
+def test_vmid_is_validated():
+    with pytest.raises(Exception, match="set pct_vmid to the container's numeric ID"):
+        make(vmid=12).build_pct_command(["true"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=200))
+def test_any_command_string_arrives_byte_exact(fake_pct, cmd):
+    # fake_pct is module-scoped, so hypothesis may reuse it across examples.
+    conn = make(pct_executable=str(fake_pct))
+    argv = remote_argv(conn.build_pct_command(["/bin/sh", "-c", cmd]))
+    assert argv[-1] == cmd.encode()
+    assert argv[:2] == [b"exec", b"129"]
+
+
+@pytest.mark.parametrize(("stderr", "rc", "needle"), [
+    (b"Configuration file 'nodes/pve1/lxc/129.conf' does not exist\n", 255, "does not exist: check pct_vmid"),
+    (b"container '129' not running!\n", 255, "is not running: start it with 'pct start 129'"),
+    (b"bash: line 1: pct: command not found\n", 127, "pct was not found on the hypervisor"),
+    (b"sudo: a password is required\n", 1, "sudo on the hypervisor"),
+    (b"only root can run this command\n", 255, "needs root"),
+])
+def test_failures_are_explained(stderr, rc, needle):
+    conn = make(node="pve1")
+    conn.host = "pve1.example.org"
+    text = conn._explain(rc, stderr)
+    assert text is not None and needle in text
+    assert "CT 129 on node pve1" in text
+
+
+def test_command_failures_are_not_misread_as_connection_problems():
+    conn = make()
+    conn.host = "h"
+    assert conn._explain(1, b"grep: nothing matched\n") is None
+    assert conn._explain(127, b"/bin/sh: 1: nvcc: not found\n") is None

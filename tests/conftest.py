@@ -20,24 +20,30 @@ LAB_PORT = 10022
 
 def ansible_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_NOCOLOR": "1",
-        "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
-    })
+    env.update(
+        {
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_NOCOLOR": "1",
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+        }
+    )
     env.update(extra)
     return env
 
 
-def run_playbook(playbook: str | Path, *args: str, check: bool = True, env: dict[str, str] | None = None,
-                 timeout: int = 1200) -> subprocess.CompletedProcess[str]:
+def run_playbook(
+    playbook: str | Path, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: int = 1200
+) -> subprocess.CompletedProcess[str]:
     """ansible-playbook from the repository root, as a user runs it; JSON-lines-free plain output."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), str(playbook), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -57,9 +63,23 @@ def recap(output: str) -> dict[str, dict[str, int]]:
 
 def hop(*remote: str, input_bytes: bytes | None = None, timeout: int = 120) -> subprocess.CompletedProcess[bytes]:
     """Run a command on the lab hypervisor through its ssh hop, host key checked."""
-    cmd = ["ssh", "-p", str(LAB_PORT), "-i", str(LAB_STATE / "id_ed25519"),
-           "-o", f"UserKnownHostsFile={LAB_STATE / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
-           "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "root@127.0.0.1", *remote]
+    cmd = [
+        "ssh",
+        "-p",
+        str(LAB_PORT),
+        "-i",
+        str(LAB_STATE / "id_ed25519"),
+        "-o",
+        f"UserKnownHostsFile={LAB_STATE / 'known_hosts'}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "root@127.0.0.1",
+        *remote,
+    ]
     return subprocess.run(cmd, input=input_bytes, capture_output=True, timeout=timeout, check=False)
 
 

@@ -143,15 +143,28 @@ def gpu_state() -> list[dict]:
         util = min(100, sum(int(c.get("util", 0)) for c in mine))
         mem_frac = used / TOTAL_MIB
         power = IDLE_W + (LIMIT_W - IDLE_W) * (0.75 * util / 100 + 0.15 * mem_frac)
-        gpus.append({
-            "index": idx, "uuid": gpu_uuid(idx), "name": GPU_NAME, "pci.bus_id": bus_id(idx),
-            "memory.total": TOTAL_MIB, "memory.used": used, "memory.free": TOTAL_MIB - used,
-            "memory.reserved": 0, "utilization.gpu": util,
-            "utilization.memory": min(100, int(util * 0.6)), "power.draw": round(power, 2),
-            "power.limit": LIMIT_W, "temperature.gpu": int(32 + util * 0.45),
-            "driver_version": DRIVER, "count": len(gpu_indices()), "contexts": mine,
-            "persistence_mode": "Enabled", "pstate": "P0" if util else "P8",
-        })
+        gpus.append(
+            {
+                "index": idx,
+                "uuid": gpu_uuid(idx),
+                "name": GPU_NAME,
+                "pci.bus_id": bus_id(idx),
+                "memory.total": TOTAL_MIB,
+                "memory.used": used,
+                "memory.free": TOTAL_MIB - used,
+                "memory.reserved": 0,
+                "utilization.gpu": util,
+                "utilization.memory": min(100, int(util * 0.6)),
+                "power.draw": round(power, 2),
+                "power.limit": LIMIT_W,
+                "temperature.gpu": int(32 + util * 0.45),
+                "driver_version": DRIVER,
+                "count": len(gpu_indices()),
+                "contexts": mine,
+                "persistence_mode": "Enabled",
+                "pstate": "P0" if util else "P8",
+            }
+        )
     return gpus
 
 
@@ -160,26 +173,41 @@ def gpu_state() -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 GPU_FIELDS = {
-    "index": ("", "index"), "uuid": ("", "uuid"), "gpu_uuid": ("", "uuid"), "name": ("", "name"),
-    "gpu_name": ("", "name"), "pci.bus_id": ("", "pci.bus_id"), "gpu_bus_id": ("", "pci.bus_id"),
-    "memory.total": ("MiB", "memory.total"), "memory.used": ("MiB", "memory.used"),
-    "memory.free": ("MiB", "memory.free"), "memory.reserved": ("MiB", "memory.reserved"),
-    "utilization.gpu": ("%", "utilization.gpu"), "utilization.memory": ("%", "utilization.memory"),
-    "power.draw": ("W", "power.draw"), "power.limit": ("W", "power.limit"),
-    "temperature.gpu": ("", "temperature.gpu"), "driver_version": ("", "driver_version"),
-    "count": ("", "count"), "persistence_mode": ("", "persistence_mode"), "pstate": ("", "pstate"),
+    "index": ("", "index"),
+    "uuid": ("", "uuid"),
+    "gpu_uuid": ("", "uuid"),
+    "name": ("", "name"),
+    "gpu_name": ("", "name"),
+    "pci.bus_id": ("", "pci.bus_id"),
+    "gpu_bus_id": ("", "pci.bus_id"),
+    "memory.total": ("MiB", "memory.total"),
+    "memory.used": ("MiB", "memory.used"),
+    "memory.free": ("MiB", "memory.free"),
+    "memory.reserved": ("MiB", "memory.reserved"),
+    "utilization.gpu": ("%", "utilization.gpu"),
+    "utilization.memory": ("%", "utilization.memory"),
+    "power.draw": ("W", "power.draw"),
+    "power.limit": ("W", "power.limit"),
+    "temperature.gpu": ("", "temperature.gpu"),
+    "driver_version": ("", "driver_version"),
+    "count": ("", "count"),
+    "persistence_mode": ("", "persistence_mode"),
+    "pstate": ("", "pstate"),
 }
 APP_FIELDS = {
-    "gpu_uuid": "", "pid": "", "process_name": "", "used_memory": "MiB", "used_gpu_memory": "MiB",
-    "gpu_bus_id": "", "gpu_name": "", "name": "",
+    "gpu_uuid": "",
+    "pid": "",
+    "process_name": "",
+    "used_memory": "MiB",
+    "used_gpu_memory": "MiB",
+    "gpu_bus_id": "",
+    "gpu_name": "",
+    "name": "",
 }
 
 
 def _fmt(value: object, unit: str, units: bool) -> str:
-    if isinstance(value, float):
-        text = f"{value:.2f}"
-    else:
-        text = str(value)
+    text = f"{value:.2f}" if isinstance(value, float) else str(value)
     return f"{text} {unit}" if units and unit else text
 
 
@@ -211,7 +239,7 @@ def query_gpu(fields: list[str], fmt: set[str], ids: str | None) -> str:
     for f in fields:
         unit, key = GPU_FIELDS[f]
         header.append(f"{f} [{unit}]" if unit else f)
-        for row, g in zip(rows, gpus):
+        for row, g in zip(rows, gpus, strict=True):
             row.append(_fmt(g[key], unit, units))
     return _csv(header, rows, fmt)
 
@@ -224,9 +252,14 @@ def query_apps(fields: list[str], fmt: set[str], ids: str | None) -> str:
     for g in gpus:
         for c in g["contexts"]:
             values = {
-                "gpu_uuid": g["uuid"], "pid": c["pid"], "process_name": _comm(c["pid"]),
-                "used_memory": int(c.get("mib", 0)), "used_gpu_memory": int(c.get("mib", 0)),
-                "gpu_bus_id": g["pci.bus_id"], "gpu_name": g["name"], "name": g["name"],
+                "gpu_uuid": g["uuid"],
+                "pid": c["pid"],
+                "process_name": _comm(c["pid"]),
+                "used_memory": int(c.get("mib", 0)),
+                "used_gpu_memory": int(c.get("mib", 0)),
+                "gpu_bus_id": g["pci.bus_id"],
+                "gpu_name": g["name"],
+                "name": g["name"],
             }
             rows.append([_fmt(values[f], APP_FIELDS[f], units) for f in fields])
     return _csv(header, rows, fmt)
@@ -236,25 +269,32 @@ def table() -> str:
     gpus = gpu_state()
     now = time.strftime("%a %b %d %H:%M:%S %Y")
     bar = "+-----------------------------------------+------------------------+----------------------+"
-    out = [now, "+" + "-" * 87 + "+",
-           f"| NVIDIA-SMI {DRIVER}              Driver Version: {DRIVER}      CUDA Version: {CUDA}     |",
-           bar,
-           "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
-           "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
-           "=" * 89]
+    out = [
+        now,
+        "+" + "-" * 87 + "+",
+        f"| NVIDIA-SMI {DRIVER}              Driver Version: {DRIVER}      CUDA Version: {CUDA}     |",
+        bar,
+        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+        "=" * 89,
+    ]
     for g in gpus:
-        out.append(f"| {g['index']:>3}  {g['name'][:24]:<24}      On  | {g['pci.bus_id']:<16} Off | "
-                   f"{'Off':>20} |")
+        out.append(f"| {g['index']:>3}  {g['name'][:24]:<24}      On  | {g['pci.bus_id']:<16} Off | {'Off':>20} |")
         pwr = f"{g['power.draw']:.0f}W /  {g['power.limit']:.0f}W"
         mem = f"{g['memory.used']}MiB / {g['memory.total']}MiB"
-        out.append(f"| N/A  {g['temperature.gpu']:>3}C    {g['pstate']:<4} {pwr:>18} | {mem:>22} | "
-                   f"{g['utilization.gpu']:>6}%      Default |")
+        out.append(
+            f"| N/A  {g['temperature.gpu']:>3}C    {g['pstate']:<4} {pwr:>18} | {mem:>22} | "
+            f"{g['utilization.gpu']:>6}%      Default |"
+        )
         out.append(bar)
-    out += ["", "+" + "-" * 87 + "+",
-            "| Processes:" + " " * 77 + "|",
-            "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
-            "|        ID   ID                                                               Usage      |",
-            "=" * 89]
+    out += [
+        "",
+        "+" + "-" * 87 + "+",
+        "| Processes:" + " " * 77 + "|",
+        "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+        "|        ID   ID                                                               Usage      |",
+        "=" * 89,
+    ]
     procs = [(g["index"], c) for g in gpus for c in g["contexts"]]
     if not procs:
         out.append("|  No running processes found" + " " * 59 + "|")
@@ -385,8 +425,23 @@ def _agent(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     for rank, gpu in enumerate(args.gpus):
-        cmd = [*me, "--role", "worker", "--gpu", str(gpu), "--mib", str(args.mib), "--util", str(args.util),
-               "--dataloader-workers", str(args.dataloader_workers), "--tag", args.tag, "--rank", str(rank)]
+        cmd = [
+            *me,
+            "--role",
+            "worker",
+            "--gpu",
+            str(gpu),
+            "--mib",
+            str(args.mib),
+            "--util",
+            str(args.util),
+            "--dataloader-workers",
+            str(args.dataloader_workers),
+            "--tag",
+            args.tag,
+            "--rank",
+            str(rank),
+        ]
         if rank in args.ignore_term_ranks:
             cmd.append("--ignore-term")
         workers.append(subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL))
@@ -441,20 +496,40 @@ def workload_main(argv: list[str] | None = None) -> int:
         _sleep_forever()
     else:
         me = [sys.executable, os.path.realpath(__file__), "workload"]
-        passthrough = ["--gpus", ",".join(map(str, args.gpus)), "--mib", str(args.mib),
-                       "--util", str(args.util), "--dataloader-workers", str(args.dataloader_workers),
-                       "--ignore-term-ranks", ",".join(map(str, args.ignore_term_ranks)), "--tag", args.tag]
+        passthrough = [
+            "--gpus",
+            ",".join(map(str, args.gpus)),
+            "--mib",
+            str(args.mib),
+            "--util",
+            str(args.util),
+            "--dataloader-workers",
+            str(args.dataloader_workers),
+            "--ignore-term-ranks",
+            ",".join(map(str, args.ignore_term_ranks)),
+            "--tag",
+            args.tag,
+        ]
         if args.foreground:
             args.role = "agent"
             _agent(args)
         pids = {}
-        agent = subprocess.Popen([*me, "--role", "agent", *passthrough], start_new_session=True,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        agent = subprocess.Popen(
+            [*me, "--role", "agent", *passthrough],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         pids["agent"] = agent.pid
         if args.bystander:
-            by = subprocess.Popen([*me, "--role", "bystander", "--tag", args.tag + "-bystander"],
-                                  start_new_session=True, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            by = subprocess.Popen(
+                [*me, "--role", "bystander", "--tag", args.tag + "-bystander"],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             pids["bystander"] = by.pid
         # Wait until every worker's context is visible, so callers can measure right away.
         deadline = time.monotonic() + 20

@@ -161,7 +161,7 @@ def config_lock(vmid: int, timeout: float = 10.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise PctError(f"can't lock file '/run/lock/lxc/pve-config-{vmid}.lock' - got timeout")
+                    raise PctError(f"can't lock file '/run/lock/lxc/pve-config-{vmid}.lock' - got timeout") from None
                 time.sleep(0.05)
         try:
             yield
@@ -186,7 +186,9 @@ def init_pid(vmid: int) -> int | None:
     """PID of the container's init on the host, or None when it is not running."""
     proc = subprocess.run(
         ["lxc-info", "-P", LXC_PATH, "-n", str(vmid), "-p", "-H"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     text = proc.stdout.strip()
     return int(text) if proc.returncode == 0 and text.isdigit() else None
@@ -267,12 +269,16 @@ def parse_args(cmd: Command, argv: list[str]) -> tuple[list[str], dict[str, str]
                 name, value = name.split("=", 1)
             otype = _option_type(cmd, name)
             if otype is None:
-                raise _param_error(name, "property is not defined in schema and the schema does not "
-                                   "allow additional properties", cmd.usage)
+                raise _param_error(
+                    name,
+                    "property is not defined in schema and the schema does not allow additional properties",
+                    cmd.usage,
+                )
             if value is None:
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
-                if otype == "boolean" and (nxt is None or nxt not in ("0", "1", "yes", "no", "true",
-                                                                    "false", "on", "off")):
+                if otype == "boolean" and (
+                    nxt is None or nxt not in ("0", "1", "yes", "no", "true", "false", "on", "off")
+                ):
                     value = "1"
                 elif nxt is None:
                     raise _param_error(name, "missing value", cmd.usage)
@@ -292,7 +298,7 @@ def parse_args(cmd: Command, argv: list[str]) -> tuple[list[str], dict[str, str]
         missing = cmd.positional[len(pos)]
         raise _param_error(missing, "property is missing and it is not optional", cmd.usage)
     if len(pos) > len(cmd.positional):
-        raise PctError(f"400 too many arguments\n", cmd.usage)
+        raise PctError("400 too many arguments\n", cmd.usage)
     return pos, opts, extra
 
 
@@ -385,7 +391,9 @@ def _start(vmid: int, conf: CtConfig) -> None:
     os.makedirs(os.path.dirname(log), exist_ok=True)
     proc = subprocess.run(
         ["lxc-start", "-P", LXC_PATH, "-n", str(vmid), "-d", "-o", log, "-l", "WARN"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode != 0 or not _wait_state(vmid, "RUNNING", 30):
         detail = (proc.stderr.strip().splitlines() or ["see " + log])[-1]
@@ -395,7 +403,8 @@ def _start(vmid: int, conf: CtConfig) -> None:
 def _wait_state(vmid: int, state: str, timeout: float) -> bool:
     proc = subprocess.run(
         ["lxc-wait", "-P", LXC_PATH, "-n", str(vmid), "-s", state, "-t", str(int(timeout))],
-        capture_output=True, check=False,
+        capture_output=True,
+        check=False,
     )
     return proc.returncode == 0
 
@@ -469,8 +478,9 @@ def cmd_create(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
         conf = CtConfig()
         conf.description = opts.pop("description", "")
         start = opts.pop("start", "0") == "1"
-        conf.options.update({"arch": "amd64", "ostype": "debian", "memory": "512", "swap": "512",
-                             "hostname": f"CT{vmid}"})
+        conf.options.update(
+            {"arch": "amd64", "ostype": "debian", "memory": "512", "swap": "512", "hostname": f"CT{vmid}"}
+        )
         conf.options.update(opts)
         conf.options.setdefault("rootfs", f"lab:subvol-{vmid}-disk-0,size=8G")
         os.makedirs(conf_dir(), exist_ok=True)
@@ -480,8 +490,9 @@ def cmd_create(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
             print(f"extracting archive '{template}'")
             # GNU tar keeps owners, modes, devices and xattrs of the rootfs; it is several times
             # faster than tarfile on the ~15k files of a Debian rootfs.
-            proc = subprocess.run(["tar", "-xpf", template, "-C", root, "--numeric-owner"],
-                                  capture_output=True, text=True, check=False)
+            proc = subprocess.run(
+                ["tar", "-xpf", template, "-C", root, "--numeric-owner"], capture_output=True, text=True, check=False
+            )
             if proc.returncode != 0:
                 raise PctError(f"unable to extract '{template}': {proc.stderr.strip()}")
             print("Detected container architecture: amd64")
@@ -556,10 +567,9 @@ def cmd_exec(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
     if not extra:
         raise PctError("missing command")
     keep_env = opts.get("keep-env", "1") == "1"
-    args = ["lxc-attach", "-P", LXC_PATH, "-n", str(vmid), "--keep-env" if keep_env else "--clear-env",
-            "--", *extra]
+    args = ["lxc-attach", "-P", LXC_PATH, "-n", str(vmid), "--keep-env" if keep_env else "--clear-env", "--", *extra]
     sys.stdout.flush()
-    os.execvp(args[0], args)
+    os.execvp(args[0], args)  # noqa: S606 -- pct exec replaces itself with lxc-attach, as Proxmox does
     return 0  # not reached
 
 
@@ -723,18 +733,32 @@ COMMANDS = {
     "list": Command("list", [], USAGE["list"], cmd_list),
     "status": Command("status", ["vmid"], USAGE["status"], cmd_status, {"verbose": "boolean"}),
     "start": Command("start", ["vmid"], USAGE["start"], cmd_start, {"skiplock": "boolean", "debug": "boolean"}),
-    "stop": Command("stop", ["vmid"], USAGE["stop"], cmd_stop,
-                    {"skiplock": "boolean", "overrule-shutdown": "boolean"}),
-    "shutdown": Command("shutdown", ["vmid"], USAGE["shutdown"], cmd_shutdown,
-                        {"timeout": "integer", "forceStop": "boolean"}),
-    "create": Command("create", ["vmid", "ostemplate"], USAGE["create"], cmd_create,
-                      {"*": "ct-options", "start": "boolean", "storage": "string", "password": "string"}),
-    "destroy": Command("destroy", ["vmid"], USAGE["destroy"], cmd_destroy,
-                       {"force": "boolean", "purge": "boolean", "destroy-unreferenced-disks": "boolean"}),
-    "config": Command("config", ["vmid"], USAGE["config"], cmd_config,
-                      {"current": "boolean", "snapshot": "string"}),
-    "set": Command("set", ["vmid"], USAGE["set"], cmd_set,
-                   {"*": "ct-options", "delete": "string", "digest": "string", "revert": "string"}),
+    "stop": Command("stop", ["vmid"], USAGE["stop"], cmd_stop, {"skiplock": "boolean", "overrule-shutdown": "boolean"}),
+    "shutdown": Command(
+        "shutdown", ["vmid"], USAGE["shutdown"], cmd_shutdown, {"timeout": "integer", "forceStop": "boolean"}
+    ),
+    "create": Command(
+        "create",
+        ["vmid", "ostemplate"],
+        USAGE["create"],
+        cmd_create,
+        {"*": "ct-options", "start": "boolean", "storage": "string", "password": "string"},
+    ),
+    "destroy": Command(
+        "destroy",
+        ["vmid"],
+        USAGE["destroy"],
+        cmd_destroy,
+        {"force": "boolean", "purge": "boolean", "destroy-unreferenced-disks": "boolean"},
+    ),
+    "config": Command("config", ["vmid"], USAGE["config"], cmd_config, {"current": "boolean", "snapshot": "string"}),
+    "set": Command(
+        "set",
+        ["vmid"],
+        USAGE["set"],
+        cmd_set,
+        {"*": "ct-options", "delete": "string", "digest": "string", "revert": "string"},
+    ),
     "exec": Command("exec", ["vmid"], USAGE["exec"], cmd_exec, {"keep-env": "boolean"}, extra_args=True),
     "push": Command("push", ["vmid", "file", "destination"], USAGE["push"], cmd_push, dict(_FILE_OPTS)),
     "pull": Command("pull", ["vmid", "path", "destination"], USAGE["pull"], cmd_pull, dict(_FILE_OPTS)),

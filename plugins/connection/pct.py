@@ -171,21 +171,29 @@ class Connection(SSHConnection):
         vmid = self.get_option("vmid")
         text = to_text(stderr, errors="surrogate_or_replace")
         if "does not exist" in text and f"lxc/{vmid}.conf" in text:
-            return (f"{self._where()} does not exist: check pct_vmid, or point ansible_host at the node "
-                    f"that hosts the container.")
+            return (
+                f"{self._where()} does not exist: check pct_vmid, or point ansible_host at the node "
+                f"that hosts the container."
+            )
         if f"'{vmid}' not running" in text or "not running!" in text:
             return f"{self._where()} is not running: start it with 'pct start {vmid}' on the hypervisor."
         if _PCT_MISSING.search(stderr) or (rc == 127 and b"pct" in stderr):
-            return (f"pct was not found on the hypervisor of {self._where()}: is it a Proxmox node? Set "
-                    f"ansible_pct_executable to pct's path.")
+            return (
+                f"pct was not found on the hypervisor of {self._where()}: is it a Proxmox node? Set "
+                f"ansible_pct_executable to pct's path."
+            )
         if "a password is required" in text or "a terminal is required" in text:
-            return (f"sudo on the hypervisor of {self._where()} wants a password for "
-                    f"{self.get_option('remote_user')}: allow NOPASSWD for pct or connect as root.")
+            return (
+                f"sudo on the hypervisor of {self._where()} wants a password for "
+                f"{self.get_option('remote_user')}: allow NOPASSWD for pct or connect as root."
+            )
         if "only root can run this command" in text or (
             "Permission denied" in text and "pct" in text and "sudo" not in text
         ):
-            return (f"pct on the hypervisor of {self._where()} needs root: connect as root or set "
-                    f"ansible_pct_hypervisor_sudo=always.")
+            return (
+                f"pct on the hypervisor of {self._where()} needs root: connect as root or set "
+                f"ansible_pct_hypervisor_sudo=always."
+            )
         return None
 
     def _run_checked(self, remote: str, in_data: bytes | None, sudoable: bool) -> tuple[int, bytes, bytes]:
@@ -225,8 +233,7 @@ class Connection(SSHConnection):
         if explained:
             raise AnsibleConnectionFailure(explained)
         if rc == 255:
-            raise AnsibleConnectionFailure(
-                f"Cannot reach the hypervisor of {self._where()}: {to_text(stderr).strip()}")
+            raise AnsibleConnectionFailure(f"Cannot reach the hypervisor of {self._where()}: {to_text(stderr).strip()}")
         if b"No such file" in stderr or b"cannot open" in stderr or b"Not a directory" in stderr:
             raise AnsibleFileNotFound(f"{what} {path} in {self._where()}: {to_text(stderr).strip()}")
         raise AnsibleError(f"{what} {path} in {self._where()} failed (rc={rc}): {to_text(stderr).strip()}")

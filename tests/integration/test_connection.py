@@ -32,12 +32,21 @@ def test_playbook_through_the_connection(lab, tmp_path):
     empty.write_bytes(b"")
     fetched = tmp_path / "fetched"
     fetched.mkdir()
-    proc = run_playbook(PLAYBOOKS / "connection.yml", "-e", f"conn_big_src={big}", "-e", f"conn_big_sha256={sha256(big)}",
-                        "-e", f"conn_empty_src={empty}", "-e", f"conn_fetch_dir={fetched}")
+    proc = run_playbook(
+        PLAYBOOKS / "connection.yml",
+        "-e",
+        f"conn_big_src={big}",
+        "-e",
+        f"conn_big_sha256={sha256(big)}",
+        "-e",
+        f"conn_empty_src={empty}",
+        "-e",
+        f"conn_fetch_dir={fetched}",
+    )
     counts = recap(proc.stdout)["ct129"]
     assert counts["failed"] == 0 and counts["unreachable"] == 0
     assert sha256(fetched / "big.bin") == sha256(big)
-    assert (fetched / "small.txt").read_text(encoding="utf-8").startswith("it's \"q\" $(touch /tmp/pwned)")
+    assert (fetched / "small.txt").read_text(encoding="utf-8").startswith('it\'s "q" $(touch /tmp/pwned)')
 
 
 def test_wrong_vmid_is_unreachable_with_the_fix(lab):
@@ -67,8 +76,7 @@ def test_hypervisor_sshd_down_is_unreachable_naming_it(lab):
     subprocess.run(["pkill", "--pidfile", "/var/lib/eagle3-lab/sshd/sshd.pid"], check=True)
     try:
         # No ControlPersist master: an earlier test's master would still carry sessions.
-        proc = run_playbook(PLAYBOOKS / "ping.yml", "-e", "ansible_ssh_extra_args='-o ControlPath=none'",
-                            check=False)
+        proc = run_playbook(PLAYBOOKS / "ping.yml", "-e", "ansible_ssh_extra_args='-o ControlPath=none'", check=False)
     finally:
         run_playbook("lab.yml", "--tags", "lab_host_sshd")
     assert recap(proc.stdout)["ct130"]["unreachable"] == 1
@@ -78,9 +86,16 @@ def test_hypervisor_sshd_down_is_unreachable_naming_it(lab):
 
 def test_wrong_host_key_is_refused(lab, tmp_path):
     bad = tmp_path / "known_hosts"
-    bad.write_text("[127.0.0.1]:10022 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
-    proc = run_playbook(PLAYBOOKS / "ping.yml", "-e",
-                        f"ansible_ssh_common_args='-o UserKnownHostsFile={bad} -o StrictHostKeyChecking=yes'",
-                        "-e", "ansible_ssh_extra_args='-o ControlPath=none'", check=False)
+    bad.write_text(
+        "[127.0.0.1]:10022 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+    )
+    proc = run_playbook(
+        PLAYBOOKS / "ping.yml",
+        "-e",
+        f"ansible_ssh_common_args='-o UserKnownHostsFile={bad} -o StrictHostKeyChecking=yes'",
+        "-e",
+        "ansible_ssh_extra_args='-o ControlPath=none'",
+        check=False,
+    )
     assert recap(proc.stdout)["ct130"]["unreachable"] == 1
     assert "HOST IDENTIFICATION HAS CHANGED" in proc.stdout or "Host key verification failed" in proc.stdout

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -46,8 +44,9 @@ def test_pct_list_over_the_hop_shows_the_containers(lab):
 
 
 def test_nvidia_smi_over_the_hop_prints_four_rows(lab):
-    proc = hop("pct", "exec", "129", "--", "nvidia-smi", "--query-gpu=index,memory.used",
-               "--format=csv,noheader,nounits")
+    proc = hop(
+        "pct", "exec", "129", "--", "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split(", ") for line in proc.stdout.decode().splitlines()]
     assert [r[0] for r in rows] == ["0", "1", "2", "3"]
@@ -192,8 +191,14 @@ def test_gpu_memory_follows_a_workload(lab):
         during = smi(129, "index,memory.used,utilization.gpu,power.draw")
         assert all(int(r[1]) >= 30000 for r in during), during
         assert all(int(r[2]) > 50 and float(r[3]) > float(b[3]) for r, b in zip(during, before, strict=True))
-        apps = pct("exec", "129", "--", "nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory",
-                   "--format=csv,noheader,nounits").stdout.splitlines()
+        apps = pct(
+            "exec",
+            "129",
+            "--",
+            "nvidia-smi",
+            "--query-compute-apps=gpu_uuid,pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ).stdout.splitlines()
         assert len(apps) == 4 and all(a.endswith(", 30000") for a in apps)
         # torchrun's picture: each worker in its own session, DataLoader children inheriting the GPU.
         ps = pct("exec", "129", "--", "ps", "-ww", "-eo", "pid=,sid=,args=").stdout
@@ -230,9 +235,18 @@ def test_lab_up_rejects_a_taken_port(lab, tmp_path):
     port = sock.getsockname()[1]
     try:
         # A separate lab root and state dir: the running lab's sshd and keys stay untouched.
-        proc = run_playbook("lab.yml", "-e", f"lab_ssh_port={port}", "--tags", "lab_host_preflight,lab_host_sshd",
-                            "-e", f"lab_host_root={tmp_path}/root", "-e", f"eagle3_lab_state_dir={tmp_path}/state",
-                            check=False)
+        proc = run_playbook(
+            "lab.yml",
+            "-e",
+            f"lab_ssh_port={port}",
+            "--tags",
+            "lab_host_preflight,lab_host_sshd",
+            "-e",
+            f"lab_host_root={tmp_path}/root",
+            "-e",
+            f"eagle3_lab_state_dir={tmp_path}/state",
+            check=False,
+        )
     finally:
         sock.close()
     assert proc.returncode != 0

@@ -27,6 +27,10 @@ def gpus(tmp_path, monkeypatch):
     return env
 
 
+def nvemu_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(NVEMU.parent)}
+
+
 def smi(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(NVEMU), "smi", *args], capture_output=True, text=True, check=False)
 
@@ -56,15 +60,15 @@ def test_idle_gpus_report_a_few_mib(gpus):
 
 def test_holder_memory_is_freed_when_it_dies_and_orphans_keep_it(gpus):
     code = (
-        "import sys, os, time; sys.path.insert(0, %r); import nvemu\n"
+        "import os, time, nvemu\n"
         "c = nvemu.alloc(1, 40000)\n"
         "child = os.fork()\n"
         "if child == 0:\n"
         "    time.sleep(60)\n"
         "print(child, flush=True)\n"
         "time.sleep(60)\n"
-    ) % str(NVEMU.parent)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=nvemu_env())
     child = int(proc.stdout.readline())
     try:
         wait_for(lambda: used() == [3, 40003])
@@ -87,12 +91,15 @@ def test_unknown_fields_and_missing_format(gpus):
     assert bad.returncode == 2 and 'Field "nope" is not a valid field to query.' in bad.stdout
     nofmt = smi("--query-gpu=index")
     assert nofmt.returncode == 2
-    assert smi("-i", "7", "--query-gpu=index", "--format=csv").stdout.strip() == "No devices were found matching the ID '7'"
+    assert (
+        smi("-i", "7", "--query-gpu=index", "--format=csv").stdout.strip()
+        == "No devices were found matching the ID '7'"
+    )
 
 
 def test_default_table_lists_processes(gpus):
-    code = "import sys,time; sys.path.insert(0, %r); import nvemu; nvemu.alloc(0, 1234); print('ok', flush=True); time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-c", code % str(NVEMU.parent)], stdout=subprocess.PIPE, text=True)
+    code = "import time, nvemu; nvemu.alloc(0, 1234); print('ok', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=nvemu_env())
     try:
         assert proc.stdout.readline().strip() == "ok"
         table = smi().stdout
@@ -104,9 +111,26 @@ def test_default_table_lists_processes(gpus):
 
 def test_workload_helper_reproduces_the_torchrun_picture(gpus, tmp_path):
     pidfile = tmp_path / "pids.json"
-    out = subprocess.run([sys.executable, str(NVEMU), "workload", "--mib", "5000", "--dataloader-workers", "1",
-                          "--ignore-term-ranks", "1", "--bystander", "--pidfile", str(pidfile)],
-                         capture_output=True, text=True, check=True, timeout=30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(NVEMU),
+            "workload",
+            "--mib",
+            "5000",
+            "--dataloader-workers",
+            "1",
+            "--ignore-term-ranks",
+            "1",
+            "--bystander",
+            "--pidfile",
+            str(pidfile),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     pids = json.loads(out.stdout)
     assert json.loads(pidfile.read_text()) == pids
     try:

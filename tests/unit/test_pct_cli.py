@@ -42,8 +42,9 @@ def test_exec_argument_forms(argv, pos, opts, extra):
 
 
 def test_set_accepts_indexed_options_and_types():
-    pos, opts, _ = pct.parse_args(pct.COMMANDS["set"], ["129", "--memory", "2048", "-mp0", "/data,mp=/data",
-                                                       "--onboot", "yes"])
+    pos, opts, _ = pct.parse_args(
+        pct.COMMANDS["set"], ["129", "--memory", "2048", "-mp0", "/data,mp=/data", "--onboot", "yes"]
+    )
     assert pos == ["129"] and opts == {"memory": "2048", "mp0": "/data,mp=/data", "onboot": "1"}
 
 
@@ -75,7 +76,7 @@ def test_template_volume_ids(tmp_path, monkeypatch):
     monkeypatch.setattr(pct, "VZTMPL_DIR", str(tmp_path))
     (tmp_path / "t.tar").write_bytes(b"")
     assert pct.resolve_template("local:vztmpl/t.tar") == str(tmp_path / "t.tar")
-    with pytest.raises(pct.PctError, match="volume 'local:vztmpl/missing.tar' does not exist"):
+    with pytest.raises(pct.PctError, match=r"volume 'local:vztmpl/missing\.tar' does not exist"):
         pct.resolve_template("local:vztmpl/missing.tar")
     with pytest.raises(pct.PctError, match="unable to parse volume ID"):
         pct.resolve_template("local:vztmpl/../../etc/passwd")

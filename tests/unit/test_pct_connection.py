@@ -19,7 +19,7 @@ from ansible.plugins.loader import connection_loader, init_plugin_loader  # noqa
 init_plugin_loader()
 connection_loader.add_directory(str(ROOT / "plugins" / "connection"))
 
-ARGV_DUMPER = "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
+ARGV_DUMPER = '#!/bin/sh\nfor a in "$@"; do printf \'%s\\0\' "$a"; done\n'
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,20 @@ def test_loader_finds_plugin_and_ssh_options():
 def test_command_shape(fake_pct):
     conn = make(pct_executable=str(fake_pct))
     argv = remote_argv(conn.build_pct_command(["/bin/sh", "-c", "echo hi"]))
-    assert argv == [b"exec", b"129", b"--keep-env", b"0", b"--", b"/usr/bin/env", b"HOME=/root", b"LOGNAME=root",
-                    b"USER=root", b"/bin/sh", b"-c", b"echo hi"]
+    assert argv == [
+        b"exec",
+        b"129",
+        b"--keep-env",
+        b"0",
+        b"--",
+        b"/usr/bin/env",
+        b"HOME=/root",
+        b"LOGNAME=root",
+        b"USER=root",
+        b"/bin/sh",
+        b"-c",
+        b"echo hi",
+    ]
 
 
 def test_keep_env_passes_the_command_directly(fake_pct):
@@ -66,9 +78,15 @@ def test_keep_env_passes_the_command_directly(fake_pct):
     assert remote_argv(conn.build_pct_command(["true"])) == [b"exec", b"129", b"--keep-env", b"1", b"--", b"true"]
 
 
-@pytest.mark.parametrize(("user", "mode", "sudo"), [
-    ("root", "auto", False), ("ansible", "auto", True), ("root", "always", True), ("ansible", "never", False),
-])
+@pytest.mark.parametrize(
+    ("user", "mode", "sudo"),
+    [
+        ("root", "auto", False),
+        ("ansible", "auto", True),
+        ("root", "always", True),
+        ("ansible", "never", False),
+    ],
+)
 def test_sudo_prefix_for_non_root_hypervisor_users(user, mode, sudo):
     line = make(remote_user=user, hypervisor_sudo=mode).build_pct_command(["true"])
     assert line.startswith("sudo -n -- pct exec") == sudo
@@ -89,13 +107,16 @@ def test_any_command_string_arrives_byte_exact(fake_pct, cmd):
     assert argv[:2] == [b"exec", b"129"]
 
 
-@pytest.mark.parametrize(("stderr", "rc", "needle"), [
-    (b"Configuration file 'nodes/pve1/lxc/129.conf' does not exist\n", 255, "does not exist: check pct_vmid"),
-    (b"container '129' not running!\n", 255, "is not running: start it with 'pct start 129'"),
-    (b"bash: line 1: pct: command not found\n", 127, "pct was not found on the hypervisor"),
-    (b"sudo: a password is required\n", 1, "sudo on the hypervisor"),
-    (b"only root can run this command\n", 255, "needs root"),
-])
+@pytest.mark.parametrize(
+    ("stderr", "rc", "needle"),
+    [
+        (b"Configuration file 'nodes/pve1/lxc/129.conf' does not exist\n", 255, "does not exist: check pct_vmid"),
+        (b"container '129' not running!\n", 255, "is not running: start it with 'pct start 129'"),
+        (b"bash: line 1: pct: command not found\n", 127, "pct was not found on the hypervisor"),
+        (b"sudo: a password is required\n", 1, "sudo on the hypervisor"),
+        (b"only root can run this command\n", 255, "needs root"),
+    ],
+)
 def test_failures_are_explained(stderr, rc, needle):
     conn = make(node="pve1")
     conn.host = "pve1.example.org"

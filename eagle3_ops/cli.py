@@ -1,0 +1,111 @@
+"""``eagle3-ops``: the project's playbooks behind one command, run through ansible-runner."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from eagle3_ops.runner import RunResult, run_playbook
+
+EXIT_OK = 0
+EXIT_FAILED = 2  # a play failed on some host
+EXIT_UNREACHABLE = 4  # some host could not be reached
+EXIT_USAGE = 64
+
+
+def _progress(event: dict[str, Any]) -> None:
+    """One line per finished task and host, like a terse ansible-playbook."""
+    data = event.get("event_data", {})
+    kind = event.get("event", "")
+    marks = {
+        "runner_on_ok": "ok",
+        "runner_on_failed": "FAILED",
+        "runner_on_unreachable": "UNREACHABLE",
+        "runner_on_skipped": None,
+    }
+    if kind == "playbook_on_play_start":
+        print(f"== {data.get('play', '')}", flush=True)
+    elif kind in marks and marks[kind]:
+        res = data.get("res", {})
+        mark = "changed" if kind == "runner_on_ok" and res.get("changed") else marks[kind]
+        line = f"  {data.get('host', '?'):<14} {mark:<11} {data.get('task', '')}"
+        if kind != "runner_on_ok" and not data.get("ignore_errors"):
+            line += f"\n      {res.get('msg', '')}"
+        print(line, flush=True)
+
+
+def _report(result: RunResult) -> int:
+    for host, counts in sorted(result.stats.items()):
+        print(
+            f"  {host:<14} ok={counts.get('ok', 0)} changed={counts.get('changed', 0)} "
+            f"failed={counts.get('failures', 0)} unreachable={counts.get('dark', 0)}"
+        )
+    print(f"artifacts: {result.run_dir}")
+    if result.ok:
+        return EXIT_OK
+    if any(c.get("dark") for c in result.stats.values()):
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED
+
+
+def _extravars(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"eagle3-ops: -e expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def _run(args: argparse.Namespace, playbook: str, extra: dict[str, Any] | None = None) -> int:
+    extravars = {**_extravars(args.extra_vars), **(extra or {})}
+    result = run_playbook(
+        playbook,
+        extravars=extravars,
+        limit=args.limit,
+        check=args.check,
+        on_event=None if args.verbose else _progress,
+        verbosity=args.verbose,
+    )
+    return _report(result)
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        return _run(args, "lab.yml", {"lab_state": "present"})
+    if args.action == "down":
+        return _run(args, "lab.yml", {"lab_state": "absent", "lab_purge": args.purge})
+    return _run(args, "smoke.yml")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eagle3-ops",
+        description="Train, export, clean up after and serve EAGLE-3 drafters on Proxmox GPU containers.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-l", "--limit", help="limit to these hosts or groups (Ansible pattern)")
+    common.add_argument("-C", "--check", action="store_true", help="check mode: report what would change")
+    common.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE")
+    common.add_argument("-v", "--verbose", action="count", default=0, help="show Ansible's own output")
+    sub = parser.add_subparsers(dest="command", required=True)
+    lab = sub.add_parser("lab", parents=[common], help="the local lab: up, down, status")
+    lab.add_argument("action", choices=["up", "down", "status"])
+    lab.add_argument("--purge", action="store_true", help="with down: also remove the cached container template")
+    lab.set_defaults(func=cmd_lab)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

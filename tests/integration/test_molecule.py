@@ -1,0 +1,26 @@
+"""Every role's molecule scenario (converge, idempotence, verify) on a real lab container."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, ansible_env
+
+pytestmark = pytest.mark.lab
+SCENARIOS = sorted(ROOT.glob("roles/*/molecule/default/molecule.yml"))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.parents[2].name)
+def test_molecule_scenario(lab, scenario: Path):
+    role_dir = scenario.parents[2]
+    molecule = Path(sys.executable).parent / "molecule"
+    env = ansible_env(ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0")
+    env.pop("ANSIBLE_CONFIG", None)  # the shared base config sets it for the role
+    proc = subprocess.run(
+        [str(molecule), "test"], cwd=role_dir, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]

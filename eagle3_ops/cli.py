@@ -26,7 +26,7 @@ def _progress(event: dict[str, Any]) -> None:
     }
     if kind == "playbook_on_play_start":
         print(f"== {data.get('play', '')}", flush=True)
-    elif kind in marks and marks[kind]:
+    elif marks.get(kind):
         res = data.get("res", {})
         mark = "changed" if kind == "runner_on_ok" and res.get("changed") else marks[kind]
         line = f"  {data.get('host', '?'):<14} {mark:<11} {data.get('task', '')}"

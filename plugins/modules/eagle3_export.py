@@ -1,0 +1,265 @@
+#!/usr/bin/python
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: eagle3_export
+short_description: Turn a speculators EAGLE-3 checkpoint into a draft directory SGLang loads
+description:
+  - Reads a speculators epoch directory (C(config.json) + C(model.safetensors)) and writes an SGLang
+    C(LlamaForCausalLMEagle3) draft, either into O(dest) or in place.
+  - Weights are renamed (C(layers.0.) to C(midlayer.), further layers to C(additional_layers.N.)) without
+    loading tensor data; C(t2d), which SGLang never loads, is dropped. The new C(config.json) carries the
+    flat llama fields, C(draft_vocab_size), the target vocabulary and the aux layer ids under C(eagle_config).
+  - Refuses, naming the speculators training flags to retrain with, a checkpoint that computes something
+    SGLang's llama EAGLE-3 does not (norm before fc, norm on the output, norm before the residual,
+    sliding-window attention, more draft layers than the SGLang version loads), unless O(allow_incompatible)
+    names the difference.
+  - Checks that every tensor SGLang's loader expects is present with the right shape and that no tensor
+    would be silently dropped, before anything is written.
+  - The speculators original stays loadable, in place too: its C(config.json) and weights are kept under
+    C(speculators/) (the weights as a hard link; the export writes a new file).
+version_added: "0.1.0"
+author: eagle3-ops
+options:
+  src:
+    description: The speculators checkpoint directory (an epoch directory such as C(SAVE/4) or C(SAVE/checkpoint_best)).
+    type: path
+    required: true
+  dest:
+    description: Directory for the SGLang draft. Defaults to O(src) (export in place).
+    type: path
+  allow_incompatible:
+    description: Differences from SGLang's llama EAGLE-3 to accept anyway (the draft will accept fewer tokens).
+    type: list
+    elements: str
+    choices: [norm_before_fc, norm_output, norm_before_residual, sliding_window, layer_count]
+    default: []
+  max_draft_layers:
+    description: How many draft decoder layers the SGLang version in use can load.
+    type: int
+    default: 1
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details: The diff shows config.json before and after.
+  idempotent:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Export the best epoch for SGLang
+  eagle3_export:
+    src: /srv/train/kimi-eagle3/checkpoint_best
+    dest: /srv/drafts/kimi-eagle3
+
+- name: Export in place, accepting a drafter trained with speculators' norm_before_residual default
+  eagle3_export:
+    src: /srv/train/run7/4
+    allow_incompatible: [norm_before_residual]
+"""
+
+RETURN = r"""
+dest:
+  description: The SGLang draft directory.
+  returned: always
+  type: str
+config:
+  description: The SGLang draft config.json written (or that would be written).
+  returned: success
+  type: dict
+renames:
+  description: Tensor renames as [old, new] pairs.
+  returned: always
+  type: list
+dropped:
+  description: Tensors left out because SGLang does not load them.
+  returned: always
+  type: list
+incompatibilities:
+  description: Differences from SGLang's llama EAGLE-3 that were found (and allowed, on success).
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import json
+import os
+import shutil
+import traceback
+
+from ansible.module_utils._eagle3 import ExportError, check_speculators_config, check_tensors, sglang_config
+from ansible.module_utils._safetensors import (
+    Plan,
+    SafetensorsError,
+    build_header,
+    encode_header,
+    plan,
+    read_header,
+    recover,
+    write_json_atomic,
+    write_rewrite,
+)
+from ansible.module_utils.basic import AnsibleModule
+
+WEIGHTS = "model.safetensors"
+ORIGINAL_DIR = "speculators"
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise ExportError(f"{path} does not exist: point src at a speculators epoch directory") from None
+    except ValueError as exc:
+        raise ExportError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{path} is not a JSON object")
+    return data
+
+
+def _rules(layers: int) -> list[tuple[str, str]]:
+    rules = [("layers.0.", "midlayer.")]
+    rules += [(f"layers.{i}.", f"additional_layers.{i - 1}.") for i in range(1, layers)]
+    return rules
+
+
+def _is_sglang(conf: dict) -> bool:
+    return conf.get("architectures") == ["LlamaForCausalLMEagle3"]
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "src": {"type": "path", "required": True},
+            "dest": {"type": "path"},
+            "allow_incompatible": {
+                "type": "list",
+                "elements": "str",
+                "default": [],
+                "choices": ["norm_before_fc", "norm_output", "norm_before_residual", "sliding_window", "layer_count"],
+            },
+            "max_draft_layers": {"type": "int", "default": 1},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    src = p["src"].rstrip("/")
+    dest = (p["dest"] or src).rstrip("/")
+    in_place = os.path.realpath(dest) == os.path.realpath(src)
+    result: dict = {"changed": False, "dest": dest, "renames": [], "dropped": [], "incompatibilities": []}
+    try:
+        if p["max_draft_layers"] < 1:
+            raise ExportError("max_draft_layers must be 1 or more")
+        if os.path.isdir(src) and os.path.exists(os.path.join(src, "model.safetensors.index.json")):
+            raise ExportError(f"{src} is sharded; eagle3_export handles single-file drafters, use safetensors_remap")
+        src_conf = _read_json(os.path.join(src, "config.json"))
+        weights = os.path.join(src, WEIGHTS)
+        if not module.check_mode:
+            recover(weights)
+        if _is_sglang(src_conf):
+            # Already exported (in place): verify it, change nothing.
+            header = read_header(weights)
+            problems = check_tensors(src_conf, {t.name: t.shape for t in header.tensors})
+            if problems:
+                raise ExportError(f"{src} is an SGLang draft with problems: {'; '.join(problems)}")
+            if not in_place:
+                raise ExportError(
+                    f"{src} is already an SGLang draft, not a speculators checkpoint: use it as the draft"
+                )
+            result["config"] = src_conf
+            module.exit_json(**result)
+        found = check_speculators_config(src_conf, p["max_draft_layers"])
+        result["incompatibilities"] = [{"key": i.key, "reason": i.reason, "retrain_with": i.flag} for i in found]
+        refused = [i for i in found if i.key not in p["allow_incompatible"]]
+        if refused:
+            reasons = "; ".join(i.reason for i in refused)
+            flags = " ".join(i.flag for i in refused)
+            keys = ", ".join(i.key for i in refused)
+            module.fail_json(
+                msg=f"{src} computes something SGLang's llama EAGLE-3 does not ({reasons}): retrain with {flags}, "
+                f"or accept the difference with allow_incompatible: [{keys}].",
+                **result,
+            )
+        sg = sglang_config(src_conf)
+        layers = sg["num_hidden_layers"]
+        header = read_header(weights)
+        drop = ["^t2d$"]
+        if "norm_before_fc" in p["allow_incompatible"]:
+            drop.append(r"^input_norm\.weight$")  # SGLang has no place for it; the user accepted that
+        pl: Plan = plan(header, _rules(layers), drop)
+        # (original tensor, exported name), in header order, for the tensors that are kept
+        pairs = list(zip([t for t in header.tensors if t.name not in pl.dropped], pl.new_names, strict=True))
+        exported = {new: t.shape for t, new in pairs}
+        problems = check_tensors(sg, exported)
+        if problems:
+            raise ExportError(f"{src} cannot become a complete SGLang draft: {'; '.join(problems)}")
+        result.update(config=sg, renames=[list(r) for r in pl.renames], dropped=pl.dropped)
+
+        current = None
+        if not in_place and os.path.exists(os.path.join(dest, "config.json")):
+            current = _read_json(os.path.join(dest, "config.json"))
+            try:
+                dest_header = read_header(os.path.join(dest, WEIGHTS))
+                same_weights = [(t.name, t.shape, t.dtype) for t in dest_header.tensors] == [
+                    (new, t.shape, t.dtype) for t, new in pairs
+                ] and dest_header.file_size - dest_header.data_start == sum(t.end - t.begin for t, _ in pairs)
+            except SafetensorsError:
+                same_weights = False
+            if (
+                current == sg
+                and same_weights
+                and os.path.getmtime(os.path.join(dest, WEIGHTS)) >= os.path.getmtime(weights)
+            ):
+                module.exit_json(**result)
+        result["changed"] = True
+        if module._diff:
+            result["diff"] = {
+                "before": json.dumps(current if current is not None else src_conf, indent=2, sort_keys=True) + "\n",
+                "after": json.dumps(sg, indent=2, sort_keys=True) + "\n",
+                "before_header": os.path.join(dest, "config.json"),
+                "after_header": os.path.join(dest, "config.json"),
+            }
+        if module.check_mode:
+            module.exit_json(**result)
+
+        obj, copies = build_header(pl, compact=bool(pl.dropped))
+        new_header = encode_header(obj)
+        if in_place:
+            keep = os.path.join(src, ORIGINAL_DIR)
+            os.makedirs(keep, exist_ok=True)
+            shutil.copy2(os.path.join(src, "config.json"), os.path.join(keep, "config.json"))
+            kept_weights = os.path.join(keep, WEIGHTS)
+            if os.path.exists(kept_weights):
+                os.unlink(kept_weights)
+            os.link(weights, kept_weights)
+            # A new file replaces model.safetensors; the hard link keeps the original's inode intact.
+            write_rewrite(header, new_header, copies if pl.dropped else None, dest=weights)
+            write_json_atomic(os.path.join(src, "config.json"), sg)
+        else:
+            os.makedirs(dest, exist_ok=True)
+            write_rewrite(header, new_header, copies if pl.dropped else None, dest=os.path.join(dest, WEIGHTS))
+            write_json_atomic(os.path.join(dest, "config.json"), sg)
+        final = read_header(os.path.join(dest, WEIGHTS))
+        problems = check_tensors(sg, {t.name: t.shape for t in final.tensors})
+        if problems:
+            raise ExportError(f"the exported {dest} failed its own check: {'; '.join(problems)}")
+    except (ExportError, SafetensorsError) as exc:
+        module.fail_json(msg=str(exc), **result)
+    except OSError as exc:
+        module.fail_json(
+            msg=f"Writing the draft to {exc.filename or dest} failed ({exc.strerror}): free space or fix permissions.",
+            **result,
+        )
+    except Exception as exc:
+        module.fail_json(msg=f"eagle3_export failed unexpectedly: {exc}", exception=traceback.format_exc(), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

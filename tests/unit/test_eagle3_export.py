@@ -1,0 +1,148 @@
+"""eagle3_export: speculators checkpoint -> SGLang draft, checked against SGLang's loader layout."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from tests.modules import run_module
+from tests.unit.test_safetensors_remap import H, drafter_tensors
+
+PLAIN = {"norm_before_fc": False, "norm_output": False, "norm_before_residual": False}
+
+
+def speculators_config(**overrides) -> dict:
+    conf = {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {
+            "model_type": "llama",
+            "hidden_size": H,
+            "intermediate_size": 32,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 4,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 2048,
+            "vocab_size": 64,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+        },
+        "draft_vocab_size": 24,
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "/models/tiny-target"}},
+        **PLAIN,
+    }
+    conf.update(overrides)
+    return conf
+
+
+@pytest.fixture
+def epoch(tmp_path) -> Path:
+    d = tmp_path / "train" / "4"
+    d.mkdir(parents=True)
+    save_file(drafter_tensors(), str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps(speculators_config()))
+    return d
+
+
+def digest(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def export(capsys, check=False, diff=False, **args):
+    return run_module("eagle3_export", args, check=check, diff=diff, capsys=capsys)
+
+
+def test_export_into_a_new_directory(epoch, tmp_path, capsys):
+    before = digest(epoch)
+    dest = tmp_path / "draft"
+    res = export(capsys, src=str(epoch), dest=str(dest))
+    assert res["changed"] and res["dropped"] == ["t2d"]
+    conf = json.loads((dest / "config.json").read_text())
+    assert conf["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert conf["eagle_config"] == {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
+    assert "eagle_aux_hidden_state_layer_ids" not in conf  # a top-level key would be ignored by SGLang
+    assert (conf["hidden_size"], conf["num_hidden_layers"], conf["draft_vocab_size"], conf["vocab_size"]) == (
+        H,
+        1,
+        24,
+        64,
+    )
+    weights = load_file(str(dest / "model.safetensors"))
+    assert "midlayer.self_attn.q_proj.weight" in weights and "t2d" not in weights
+    assert not [k for k in weights if k.startswith("layers.")]
+    original = drafter_tensors()
+    np.testing.assert_array_equal(weights["midlayer.mlp.down_proj.weight"], original["layers.0.mlp.down_proj.weight"])
+    np.testing.assert_array_equal(weights["d2t"], original["d2t"])
+    assert digest(epoch) == before  # the speculators original is untouched
+    again = export(capsys, src=str(epoch), dest=str(dest))
+    assert again["changed"] is False
+
+
+def test_export_in_place_keeps_the_original_loadable(epoch, capsys):
+    original = load_file(str(epoch / "model.safetensors"))
+    res = export(capsys, src=str(epoch))
+    assert res["changed"]
+    kept = load_file(str(epoch / "speculators" / "model.safetensors"))
+    assert sorted(kept) == sorted(original)
+    assert json.loads((epoch / "speculators" / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    exported = load_file(str(epoch / "model.safetensors"))
+    assert "midlayer.hidden_norm.weight" in exported
+    assert export(capsys, src=str(epoch))["changed"] is False
+
+
+def test_check_mode_and_diff_write_nothing(epoch, tmp_path, capsys):
+    before = digest(epoch)
+    res = export(capsys, check=True, diff=True, src=str(epoch), dest=str(tmp_path / "draft"))
+    assert res["changed"] and "LlamaForCausalLMEagle3" in res["diff"]["after"]
+    assert not (tmp_path / "draft").exists() and digest(epoch) == before
+
+
+def test_speculators_defaults_are_refused_with_the_retraining_flags(epoch, tmp_path, capsys):
+    conf = speculators_config(norm_before_fc=True, norm_output=True, norm_before_residual=True)
+    conf["transformer_layer_config"]["layer_types"] = ["sliding_attention"]
+    conf["transformer_layer_config"]["sliding_window"] = 2048
+    (epoch / "config.json").write_text(json.dumps(conf))
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"))
+    assert res["failed"]
+    for flag in ("--no-norm-before-fc", "--no-norm-output", "--no-norm-before-residual", "--full-attention-indices 0"):
+        assert flag in res["msg"]
+    assert "allow_incompatible: [norm_before_fc, norm_output, norm_before_residual, sliding_window]" in res["msg"]
+    assert not (tmp_path / "draft").exists()
+
+
+def test_an_accepted_difference_is_exported_and_reported(epoch, tmp_path, capsys):
+    (epoch / "config.json").write_text(json.dumps(speculators_config(norm_before_residual=True)))
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"), allow_incompatible=["norm_before_residual"])
+    assert res["changed"] and [i["key"] for i in res["incompatibilities"]] == ["norm_before_residual"]
+
+
+def test_a_tensor_sglang_would_drop_is_refused(epoch, tmp_path, capsys):
+    tensors = drafter_tensors()
+    tensors["layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(2, np.float32)
+    save_file(tensors, str(epoch / "model.safetensors"))
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"))
+    assert res["failed"] and "SGLang would silently drop midlayer.self_attn.rotary_emb.inv_freq" in res["msg"]
+
+
+def test_missing_and_misshapen_tensors_are_named(epoch, tmp_path, capsys):
+    tensors = drafter_tensors()
+    del tensors["fc.weight"]
+    tensors["lm_head.weight"] = np.zeros((25, H), np.float32)
+    save_file(tensors, str(epoch / "model.safetensors"))
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"))
+    assert res["failed"]
+    assert "fc.weight is missing" in res["msg"]
+    assert "lm_head.weight has shape [25, 16] where SGLang expects [24, 16]" in res["msg"]
+
+
+def test_not_a_speculators_checkpoint(tmp_path, capsys):
+    res = export(capsys, src=str(tmp_path), dest=str(tmp_path / "d"))
+    assert res["failed"] and "config.json does not exist" in res["msg"]

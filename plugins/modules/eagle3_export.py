@@ -19,7 +19,7 @@ description:
     names the difference.
   - Checks that every tensor SGLang's loader expects is present with the right shape and that no tensor
     would be silently dropped, before anything is written.
-  - The speculators original stays loadable, in place too: its C(config.json) and weights are kept under
+  - The speculators original stays loadable, in place too, since its C(config.json) and weights are kept under
     C(speculators/) (the weights as a hard link; the export writes a new file).
 version_added: "0.1.0"
 author: eagle3-ops

@@ -146,3 +146,23 @@ def test_missing_and_misshapen_tensors_are_named(epoch, tmp_path, capsys):
 def test_not_a_speculators_checkpoint(tmp_path, capsys):
     res = export(capsys, src=str(tmp_path), dest=str(tmp_path / "d"))
     assert res["failed"] and "config.json does not exist" in res["msg"]
+
+
+@pytest.mark.parametrize("name", ["eagle3_export", "safetensors_remap"])
+def test_module_documents_parse_with_ansible_doc(name):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, ansible_env
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-doc"), "-M", str(ROOT / "plugins" / "modules"), "--json", name],
+        capture_output=True,
+        text=True,
+        env=ansible_env(),
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)[name]
+    assert doc["doc"]["module"] == name and doc["examples"] and doc["return"]

@@ -20,7 +20,7 @@ description:
 version_added: "0.1.0"
 author: eagle3-ops
 extends_documentation_fragment:
-  - connection_pipelining
+  # every option of ansible-core's ssh connection, pipelining included (with its [ssh_connection] ini key)
   - pct_ssh
 options:
   vmid:

@@ -130,3 +130,10 @@ def test_command_failures_are_not_misread_as_connection_problems():
     conn.host = "h"
     assert conn._explain(1, b"grep: nothing matched\n") is None
     assert conn._explain(127, b"/bin/sh: 1: nvcc: not found\n") is None
+
+
+def test_pipelining_follows_the_ssh_settings():
+    # The project's ansible.cfg turns pipelining on; the plugin must see it (a lost ini key once cost 3x).
+    conn = make()
+    assert conn.get_option("pipelining") is True
+    assert conn.is_pipelining_enabled() is True

@@ -10,6 +10,7 @@ options also take ``pct_hypervisor_*`` variables (those win over ``ansible_host`
 from __future__ import annotations
 
 import copy
+import importlib
 
 import yaml
 from ansible.plugins.connection import ssh
@@ -22,7 +23,14 @@ _HYPERVISOR_VARS = {
 
 
 def _options() -> dict:
-    options = copy.deepcopy(yaml.safe_load(ssh.DOCUMENTATION)["options"])
+    doc = yaml.safe_load(ssh.DOCUMENTATION)
+    options = copy.deepcopy(doc["options"])
+    # Resolve ssh's own fragments (connection_pipelining) the way Ansible does: its own keys win.
+    fragments = doc.get("extends_documentation_fragment") or []
+    for name in [fragments] if isinstance(fragments, str) else fragments:
+        module = importlib.import_module(f"ansible.plugins.doc_fragments.{name}")
+        for key, value in yaml.safe_load(module.ModuleDocFragment.DOCUMENTATION).get("options", {}).items():
+            options[key] = {**value, **options.get(key, {})}
     for name, var in _HYPERVISOR_VARS.items():
         option = options[name]
         # Later entries take precedence in Ansible's variable lookup.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import json
 import sys
@@ -14,16 +15,20 @@ from ansible.module_utils.testing import patch_module_args
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class _ProjectModuleUtils(importlib.abc.MetaPathFinder):
+    """Resolve ansible.module_utils._x to plugins/module_utils/_x.py, as AnsiballZ does on targets."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        prefix = "ansible.module_utils._"
+        if not fullname.startswith(prefix) or "." in fullname[len(prefix) :]:
+            return None
+        candidate = ROOT / "plugins" / "module_utils" / f"{fullname[len('ansible.module_utils.') :]}.py"
+        return importlib.util.spec_from_file_location(fullname, candidate) if candidate.exists() else None
+
+
 def _alias_module_utils() -> None:
-    # Ansible ships plugins/module_utils/_x.py to targets as ansible.module_utils._x; do the same here.
-    for path in (ROOT / "plugins" / "module_utils").glob("_*.py"):
-        name = f"ansible.module_utils.{path.stem}"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec and spec.loader
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
+    if not any(isinstance(f, _ProjectModuleUtils) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ProjectModuleUtils())
 
 
 def load_module(name: str):

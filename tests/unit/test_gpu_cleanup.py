@@ -1,0 +1,157 @@
+"""gpu_cleanup against real process trees holding emulated GPU device nodes (no lab needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from tests.modules import run_module
+
+NVEMU = Path(__file__).resolve().parents[2] / "eagle3_ops" / "lab" / "nvemu.py"
+
+
+@pytest.fixture
+def gpus(tmp_path, monkeypatch):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
+        (dev / name).write_bytes(b"")
+    monkeypatch.setenv("NVEMU_DEV_DIR", str(dev))
+    monkeypatch.setenv("NVEMU_CTX_DIR", str(tmp_path / "ctx"))
+    started: list[int] = []
+    yield {"dev": str(dev), "smi": f"{sys.executable} {NVEMU} smi", "started": started}
+    subprocess.run(["pkill", "-9", "-f", f"{NVEMU} workload"], check=False)
+    for pid in started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def workload(gpus, *args: str) -> dict[str, int]:
+    out = subprocess.run(
+        [sys.executable, str(NVEMU), "workload", *args], capture_output=True, text=True, check=True, timeout=30
+    )
+    return json.loads(out.stdout)
+
+
+def used() -> list[int]:
+    out = subprocess.run(
+        [sys.executable, str(NVEMU), "smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [int(x) for x in out.split()]
+
+
+def cleanup(env, capsys, check=False, **args):
+    full = {"nvidia_smi": env["smi"], "device_dir": env["dev"], "grace": 2, "timeout": 10, **args}
+    return run_module("gpu_cleanup", full, check=check, capsys=capsys)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_torchrun_tree_is_cleaned_and_bystander_survives(gpus, capsys):
+    pids = workload(gpus, "--mib", "20000", "--dataloader-workers", "2", "--bystander")
+    assert used() == [20003] * 4
+    res = cleanup(gpus, capsys)
+    assert res["changed"] and not res.get("failed"), res.get("msg")
+    assert used() == [3] * 4
+    assert [r["pid"] for r in res["roots"]] == [pids["agent"]]
+    assert len(res["holders"]) == 4 * 3  # workers and their DataLoader children
+    assert res["freed_mib"] == 4 * 20000
+    assert res["killed"] == []  # everything left on SIGTERM
+    assert alive(pids["bystander"]) and not alive(pids["agent"])
+    os.kill(pids["bystander"], signal.SIGKILL)
+
+
+def test_a_worker_ignoring_sigterm_is_killed_after_grace(gpus, capsys):
+    workload(gpus, "--gpus", "0-1", "--mib", "1000", "--dataloader-workers", "1", "--ignore-term-ranks", "1")
+    start = time.monotonic()
+    res = cleanup(gpus, capsys, grace=1.5)
+    assert not res.get("failed"), res.get("msg")
+    assert res["killed"], res
+    assert time.monotonic() - start >= 1.5
+    killed_cmds = {h["pid"]: h["cmdline"] for h in res["holders"]}
+    assert all("--ignore-term" in killed_cmds[p] for p in res["killed"] if p in killed_cmds)
+    assert used()[:2] == [3, 3]
+
+
+def test_allow_listed_daemon_and_non_selected_gpus_survive(gpus, capsys):
+    daemon = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f"exec -a nvidia-persistenced {sys.executable} -c "
+            f"\"import os,time; fd=os.open('{gpus['dev']}/nvidia0', os.O_RDWR); time.sleep(120)\"",
+        ]
+    )
+    gpus["started"].append(daemon.pid)
+    pids = workload(gpus, "--gpus", "0-3", "--mib", "500", "--dataloader-workers", "0")
+    time.sleep(0.3)
+    res = cleanup(gpus, capsys, gpus=["0", "1"])
+    assert not res.get("failed"), res.get("msg")
+    mem = used()
+    assert mem[:2] == [3, 3] and mem[2:] == [503, 503]
+    assert alive(daemon.pid)
+    assert any(s["pid"] == daemon.pid for s in res["spared"])
+    # The agent also runs the workers on GPUs 2-3: it is left alone, or it would take them down too.
+    assert res["roots"] == [] and alive(pids["agent"])
+
+
+def test_check_mode_changes_nothing_and_second_run_is_unchanged(gpus, capsys):
+    workload(gpus, "--gpus", "0", "--mib", "700", "--dataloader-workers", "1")
+    res = cleanup(gpus, capsys, check=True)
+    assert res["changed"] and len(res["signalled"]) == 3  # agent, worker, its DataLoader child
+    assert used()[0] == 703
+    assert cleanup(gpus, capsys)["changed"]
+    again = cleanup(gpus, capsys)
+    assert again["changed"] is False and again["holders"] == []
+
+
+def test_checkpoint_guard(gpus, capsys, tmp_path):
+    workload(gpus, "--gpus", "0", "--mib", "700", "--dataloader-workers", "0")
+    final = tmp_path / "4" / "model.safetensors"
+    res = cleanup(gpus, capsys, require_paths=[str(final), str(tmp_path / "4" / "config.json")])
+    assert res["failed"] and f"{final} does not exist" in res["msg"] and "force: true" in res["msg"]
+    assert used()[0] == 703
+    final.parent.mkdir()
+    save_file({"w": np.ones(1000, np.float32)}, str(final))
+    final.write_bytes(final.read_bytes()[:-100])  # a checkpoint still being written
+    (tmp_path / "4" / "config.json").write_text('{"ok": tr')
+    res = cleanup(gpus, capsys, require_paths=[str(final), str(tmp_path / "4" / "config.json")])
+    assert res["failed"] and "past the data section" in res["msg"] and "is not complete JSON" in res["msg"]
+    assert used()[0] == 703
+    res = cleanup(gpus, capsys, require_paths=[str(final)], force=True)
+    assert res["changed"] and used()[0] == 3
+
+
+def test_match_limits_the_selection(gpus, capsys):
+    workload(gpus, "--gpus", "0", "--mib", "100", "--dataloader-workers", "0", "--tag", "job-a")
+    workload(gpus, "--gpus", "1", "--mib", "200", "--dataloader-workers", "0", "--tag", "job-b")
+    res = cleanup(gpus, capsys, match=["--tag job-b"])
+    assert not res.get("failed"), res.get("msg")
+    assert used()[:2] == [103, 3]
+
+
+def test_bad_arguments(gpus, capsys):
+    res = cleanup(gpus, capsys, gpus=["GPU-nope"])
+    assert res["failed"] and "neither an index nor the UUID" in res["msg"]
+    res = cleanup(gpus, capsys, include_non_gpu=True)
+    assert res["failed"] and "include_non_gpu needs match patterns" in res["msg"]

@@ -85,6 +85,54 @@ COPY_PLAYBOOK = """- name: Copy
 """
 
 
+TRANSFER = r"""
+import json, os, resource, sys, time
+os.environ["ANSIBLE_CONFIG"] = {cfg!r}
+from ansible.playbook.play_context import PlayContext
+from ansible.plugins.loader import connection_loader, init_plugin_loader
+init_plugin_loader()
+kind, src, dest = sys.argv[1], sys.argv[2], sys.argv[3]
+name = "pct" if kind == "pct" else "community.proxmox.proxmox_pct_remote"
+pc = PlayContext()
+conn = connection_loader.get(name, pc, None)
+opts = {{"remote_addr": "127.0.0.1", "port": {port}, "remote_user": "root", "private_key_file": {key!r}, "vmid": 129}}
+if kind == "pct":
+    opts = {{"host": "127.0.0.1", "port": {port}, "remote_user": "root", "private_key_file": {key!r}, "vmid": 129,
+            "ssh_common_args": "-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes"}}
+conn.set_options(direct=opts)
+conn._connect()
+conn.exec_command("true")  # connection set up before the clock starts
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+conn.put_file(src, dest)
+elapsed = time.perf_counter() - start
+print(json.dumps({{"seconds": elapsed, "rss_growth_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base}}))
+conn.exec_command("rm -f " + dest)
+conn.close()
+"""
+
+
+def transfer(kind: str, src: Path, env: dict[str, str]) -> dict[str, float]:
+    """put_file alone, in a fresh process: seconds and the growth of peak RSS during it."""
+    import json
+    import subprocess
+
+    code = TRANSFER.format(
+        cfg=str(ROOT / "ansible.cfg"), port=PORT, key=str(LAB / "id_ed25519"), kh=str(LAB / "known_hosts")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, kind, str(src), "/tmp/bench-transfer.bin"],  # noqa: S108 -- in the container
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"transfer through {kind} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run(playbook: Path, inv: Path, env: dict[str, str], extra: list[str] | None = None) -> tuple[float, int]:
     """Wall seconds and peak RSS (KiB) over the whole ansible-playbook process tree."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv), str(playbook), *(extra or [])]
@@ -94,7 +142,7 @@ def run(playbook: Path, inv: Path, env: dict[str, str], extra: list[str] | None 
         fd = os.open(os.devnull, os.O_WRONLY)
         os.dup2(fd, 1)
         os.chdir(ROOT)
-        os.execve(cmd[0], cmd, env)
+        os.execve(cmd[0], cmd, env)  # noqa: S606 -- fork+exec so wait4 reports the tree's peak RSS
     _, status, usage = os.wait4(pid, 0)
     elapsed = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
@@ -154,6 +202,7 @@ def main() -> int:
                     results[kind][size].append(secs)
                     results[kind][f"{size}_rss"].append(rss / 1024)
 
+        raw = {k: [transfer(k, big, envs[k]) for _ in range(args.runs)] for k in kinds if k != "floor"}
         med = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in results.items()}
         names = {"pct": "(a) pct connection", "peer": "(b) proxmox_pct_remote", "floor": "(c) ssh to host (floor)"}
         print(f"{args.tasks} tasks x 2 hosts; copy {args.big_mb} MB; medians of {args.runs} runs")
@@ -179,6 +228,16 @@ def main() -> int:
                 f"(a) vs (b) peer: tasks {b['tasks'] / a['tasks']:.1f}x faster, "
                 f"copy throughput {b['big'] / a['big']:.1f}x, peer RSS growth {b['big_rss'] - b['small_rss']:+.0f} MB"
             )
+        print(f"\nput_file alone ({args.big_mb} MB, connection already up), medians:")
+        for k, runs in raw.items():
+            secs = statistics.median(r["seconds"] for r in runs)
+            growth = statistics.median(r["rss_growth_kib"] for r in runs) / 1024
+            print(f"  {names[k]:<26}{secs:>7.2f} s {args.big_mb / secs:>7.0f} MB/s   peak RSS growth {growth:+.0f} MB")
+        if "peer" in raw:
+            ratio = statistics.median(r["seconds"] for r in raw["peer"]) / statistics.median(
+                r["seconds"] for r in raw["pct"]
+            )
+            print(f"  (a) transfer throughput = {ratio:.1f}x (b)'s")
     finally:
         if linked_pct:
             os.unlink("/usr/sbin/pct")

@@ -1,0 +1,69 @@
+"""cleanup.yml across the lab containers, with the workload helper's torchrun-like jobs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import pct, recap, run_playbook, smi
+
+pytestmark = pytest.mark.lab
+
+
+def start_job(vmid: int, gpus: str, *extra: str) -> dict[str, int]:
+    out = pct(
+        "exec", str(vmid), "--", "lab-workload", "--gpus", gpus, "--mib", "30000", "--dataloader-workers", "2", *extra
+    ).stdout
+    return json.loads(out)
+
+
+def memory(vmid: int) -> list[int]:
+    return [int(r[1]) for r in smi(vmid)]
+
+
+@pytest.fixture
+def clean_lab(lab):
+    yield
+    for vmid in ("129", "130"):
+        pct("start", vmid, check=False)
+        pct("exec", vmid, "--", "pkill", "-9", "-f", "nvemu.py workload", check=False)
+
+
+def test_fleet_cleanup_check_mode_then_real_then_idempotent(clean_lab):
+    job = start_job(129, "0-3", "--ignore-term-ranks", "1", "--bystander")
+    start_job(130, "0")
+    check = run_playbook("cleanup.yml", "--check", "-e", "gpu_cleanup_grace=2")
+    assert recap(check.stdout)["ct129"]["failed"] == 0
+    assert min(memory(129)) >= 30000 and memory(130)[0] >= 30000  # check mode touched nothing
+
+    proc = run_playbook("cleanup.yml", "-e", "gpu_cleanup_grace=2")
+    assert max(memory(129)) < 100 and memory(130)[0] < 100
+    assert "ct129: holders=12 signalled=" in proc.stdout and "freed=120000 MiB" in proc.stdout
+    assert "ct130: holders=3" in proc.stdout
+    assert pct("exec", "129", "--", "kill", "-0", str(job["bystander"]), check=False).returncode == 0
+
+    again = run_playbook("cleanup.yml", "-e", "gpu_cleanup_grace=2")
+    counts = recap(again.stdout)
+    assert counts["ct129"]["changed"] == 0 and counts["ct130"]["changed"] == 0
+    assert "ct129: holders=0 signalled=0 killed=0 survivors=0 freed=0 MiB" in again.stdout
+
+
+def test_a_stopped_container_is_reported_and_the_other_cleaned(clean_lab):
+    start_job(129, "0-1")
+    pct("stop", "130")
+    proc = run_playbook("cleanup.yml", "-e", "gpu_cleanup_grace=1", check=False)
+    assert proc.returncode != 0
+    counts = recap(proc.stdout)
+    assert counts["ct130"]["unreachable"] == 1 and counts["ct129"]["failed"] == 0
+    assert "ct130: NOT CLEANED (unreachable or failed, see above)" in proc.stdout
+    assert "CT 130 on node pve-lab (hypervisor 127.0.0.1:10022) is not running" in proc.stdout
+    assert max(memory(129)) < 100
+
+
+def test_limit_narrows_the_fleet(clean_lab):
+    start_job(129, "0")
+    start_job(130, "0")
+    run_playbook("cleanup.yml", "-l", "servers", "-e", "gpu_cleanup_grace=1")
+    assert memory(130)[0] < 100
+    assert memory(129)[0] >= 30000

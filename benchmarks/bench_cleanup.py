@@ -51,9 +51,11 @@ CREATE = """- name: Bench containers
         name: lab_host
         tasks_from: container.yml
       loop: "{{ groups['containers'] }}"
+      loop_control:
+        loop_var: _bench_ct
       vars:
-        lab_host_ct_vmid: "{{ hostvars[item].pct_vmid }}"
-        lab_host_ct_hostname: "{{ item }}"
+        lab_host_ct_vmid: "{{ hostvars[_bench_ct].pct_vmid }}"
+        lab_host_ct_hostname: "{{ _bench_ct }}"
         lab_host_ct_gpus: 4
 """
 

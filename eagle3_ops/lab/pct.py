@@ -215,8 +215,38 @@ def render_lxc_config(vmid: int, conf: CtConfig) -> str:
         "lxc.tty.max = 2",
         "lxc.pty.max = 1024",
     ]
+    lines += mount_point_lines(vmid, conf)
     lines += [f"{k} = {v}" for k, v in conf.lxc]
     return "\n".join(lines) + "\n"
+
+
+def mount_point_lines(vmid: int, conf: CtConfig) -> list[str]:
+    """LXC lines for mpN (bind mounts / lab volumes) and devN (device passthrough).
+
+    mpN: ``/host/dir,mp=/path[,ro=1]`` binds a host directory; ``STORAGE:SIZE,mp=/path`` gets a lab
+    volume directory under the lab root. devN: ``[path=]/dev/x[,uid=,gid=,mode=]`` binds the device
+    node. Real PVE mounts devN at the same path inside; the lab's emulated GPU nodes live outside
+    /dev, so the lab binds them to ``/dev/<name>``.
+    """
+    lines = []
+    for key in sorted(conf.options):
+        value = conf.options[key]
+        if re.fullmatch(r"mp\d+", key):
+            fields = dict(f.split("=", 1) if "=" in f else ("volume", f) for f in value.split(","))
+            volume, target = fields.get("volume", ""), fields.get("mp", "")
+            if not target.startswith("/"):
+                continue
+            if not volume.startswith("/"):
+                volume = os.path.join(LAB_ROOT, "volumes", f"vm-{vmid}-{key}")
+                os.makedirs(volume, exist_ok=True)
+            opts = "bind,create=dir" + (",ro" if fields.get("ro") in ("1", "true") else "")
+            lines.append(f"lxc.mount.entry = {volume} {target.lstrip('/')} none {opts} 0 0")
+        elif re.fullmatch(r"dev\d+", key):
+            fields = dict(f.split("=", 1) if "=" in f else ("path", f) for f in value.split(","))
+            path = fields.get("path", "")
+            if path.startswith("/"):
+                lines.append(f"lxc.mount.entry = {path} dev/{os.path.basename(path)} none bind,optional,create=file")
+    return lines
 
 
 def setup_guest(vmid: int, conf: CtConfig) -> None:

@@ -1,0 +1,234 @@
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: proxmox_ct
+short_description: Proxmox LXC containers as hosts reached with the pct connection through their node
+description:
+  - Reads the cluster's nodes and LXC containers from the Proxmox VE API and yields one host per container,
+    with C(ansible_connection=pct), C(pct_vmid), C(pct_node) and C(ansible_host) set to the address of the
+    node that hosts it (from C(/cluster/status), or O(node_addresses)), so every container is reached through
+    its own hypervisor in a multi-node cluster.
+  - Groups from tags (O(tag_groups) maps a tag to a group name, e.g. C(trainer) to C(trainers)), from nodes
+    (C(node_<name>)) and from status (C(status_running)); GPU count and the raw C(lxc.*) lines (repeated keys
+    kept, in order) as host variables. Supports C(compose), C(groups), C(keyed_groups) and caching.
+  - The configuration file must end in C(.proxmox_ct.yml) or C(.proxmox_ct.yaml).
+author: eagle3-ops
+extends_documentation_fragment:
+  - constructed
+  - inventory_cache
+options:
+  plugin:
+    description: Token that marks this file as a configuration of this plugin.
+    required: true
+    choices: [proxmox_ct]
+  url:
+    description: API URL of any node, e.g. C(https://pve1.example.org:8006).
+    type: str
+    required: true
+    env: [{name: PROXMOX_URL}]
+  user:
+    description: User with realm.
+    type: str
+    default: root@pam
+    env: [{name: PROXMOX_USER}]
+  token_id:
+    description: API token id.
+    type: str
+    env: [{name: PROXMOX_TOKEN_ID}]
+  token_secret:
+    description: API token secret (prefer the environment variable or a vaulted value).
+    type: str
+    env: [{name: PROXMOX_TOKEN_SECRET}]
+  validate_certs:
+    description: V(true), V(false) or the path of a CA bundle.
+    type: str
+    default: "true"
+    env: [{name: PROXMOX_VALIDATE_CERTS}]
+  node_addresses:
+    description: Node name to the address ssh should use, overriding the cluster's own.
+    type: dict
+    default: {}
+  hypervisor_user:
+    description: ssh user on the nodes (C(ansible_user) of the containers).
+    type: str
+    default: root
+  hypervisor_port:
+    description: ssh port of the nodes, when not 22.
+    type: int
+  status:
+    description: Only containers in these states (empty for all).
+    type: list
+    elements: str
+    default: [running]
+  tag_groups:
+    description: Tag to group name; tags not listed become groups of the same name.
+    type: dict
+    default: {}
+  host_name:
+    description: How hosts are named, from C(name) (the container hostname) or C(vmid) (C(ct<vmid>)).
+    type: str
+    default: name
+    choices: [name, vmid]
+"""
+
+EXAMPLES = r"""
+# inventory/fleet.proxmox_ct.yml
+plugin: proxmox_ct
+url: https://pve1.example.org:8006
+user: automation@pve
+token_id: eagle3
+validate_certs: /etc/ssl/certs/pve-ca.pem
+tag_groups: {trainer: trainers, server: servers}
+compose:
+  ansible_python_interpreter: "'/usr/bin/python3'"
+"""
+
+import re
+from typing import Any
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+
+GPU_LINE = re.compile(r"dev/nvidia(\d+)\b")
+
+
+def gpu_indices(config: dict[str, Any]) -> list[int]:
+    """GPUs passed in by devN entries or raw lxc.mount.entry lines."""
+    found: set[int] = set()
+    for key, value in config.items():
+        if re.fullmatch(r"dev\d+", key):
+            m = re.search(r"nvidia(\d+)\b", str(value))
+            if m:
+                found.add(int(m.group(1)))
+    for key, value in config.get("lxc") or []:
+        if key == "lxc.mount.entry":
+            m = GPU_LINE.search(value)
+            if m:
+                found.add(int(m.group(1)))
+    return sorted(found)
+
+
+def safe_group(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
+    NAME = "proxmox_ct"
+
+    def verify_file(self, path: str) -> bool:
+        return super().verify_file(path) and path.endswith((".proxmox_ct.yml", ".proxmox_ct.yaml"))
+
+    # -- API access (a seam for tests: _get is replaced with recorded answers) --------------------
+
+    def _api(self) -> Any:
+        from ansible.module_utils.common.text.converters import to_native
+
+        try:
+            from proxmoxer import ProxmoxAPI
+        except ImportError as exc:
+            raise AnsibleParserError(
+                "proxmox_ct inventory needs proxmoxer on the controller: pip install proxmoxer"
+            ) from exc
+        m = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?", self.get_option("url") or "")
+        if not m:
+            raise AnsibleParserError(f"proxmox_ct inventory: url {self.get_option('url')!r} is not https://HOST[:PORT]")
+        verify_text = str(self.get_option("validate_certs"))
+        verify: bool | str = {"true": True, "false": False}.get(verify_text.lower(), verify_text)
+        try:
+            return ProxmoxAPI(
+                m.group(1).strip("[]"),
+                port=int(m.group(2) or 8006),
+                user=self.get_option("user"),
+                token_name=self.get_option("token_id"),
+                token_value=self.get_option("token_secret"),
+                verify_ssl=verify,
+                timeout=30,
+            )
+        except Exception as exc:
+            raise AnsibleParserError(f"proxmox_ct inventory: cannot use the API at {self.get_option('url')}: "
+                                     f"{to_native(exc)}") from exc  # fmt: skip
+
+    def _get(self, path: str, **params: Any) -> Any:
+        api = self._client
+        try:
+            return api(path).get(**params)
+        except Exception as exc:
+            raise AnsibleParserError(f"proxmox_ct inventory: GET {path} failed: {exc}") from exc
+
+    def fetch(self) -> dict[str, Any]:
+        """Everything the inventory needs, as plain data (what the cache stores)."""
+        self._client = self._api() if not hasattr(self, "_client_override") else self._client_override
+        nodes = self._get("cluster/status")
+        addresses = {n["name"]: n.get("ip") for n in nodes if n.get("type") == "node"}
+        containers = []
+        for res in self._get("cluster/resources", type="vm"):
+            if res.get("type") != "lxc":
+                continue
+            config = self._get(f"nodes/{res['node']}/lxc/{res['vmid']}/config")
+            containers.append({"resource": res, "config": config})
+        return {"addresses": addresses, "containers": containers}
+
+    # -- building ---------------------------------------------------------------------------------
+
+    def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:
+        super().parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        cache_key = self.get_cache_key(path)
+        use_cache = self.get_option("cache") and cache
+        update_cache = self.get_option("cache") and not cache
+        data = None
+        if use_cache:
+            try:
+                data = self._cache[cache_key]
+            except KeyError:
+                update_cache = True
+        if data is None:
+            data = self.fetch()
+        if update_cache:
+            self._cache[cache_key] = data
+        self.populate(data)
+
+    def populate(self, data: dict[str, Any]) -> None:
+        overrides = self.get_option("node_addresses") or {}
+        wanted_status = set(self.get_option("status") or [])
+        tag_groups = self.get_option("tag_groups") or {}
+        strict = self.get_option("strict")
+        for item in sorted(data["containers"], key=lambda c: int(c["resource"]["vmid"])):
+            res, config = item["resource"], item["config"]
+            if wanted_status and res.get("status") not in wanted_status:
+                continue
+            vmid, node = int(res["vmid"]), res["node"]
+            address = overrides.get(node) or data["addresses"].get(node) or node
+            name = res.get("name") if self.get_option("host_name") == "name" and res.get("name") else f"ct{vmid}"
+            host = self.inventory.add_host(name)
+            tags = [t for t in re.split(r"[;, ]+", str(config.get("tags") or res.get("tags") or "")) if t]
+            gpus = gpu_indices(config)
+            hostvars = {
+                "ansible_connection": "pct",
+                "ansible_host": address,
+                "ansible_user": self.get_option("hypervisor_user"),
+                "pct_vmid": vmid,
+                "pct_node": node,
+                "proxmox_status": res.get("status"),
+                "proxmox_tags": tags,
+                "proxmox_gpu_count": len(gpus),
+                "proxmox_gpus": gpus,
+                "proxmox_lxc": [list(pair) for pair in config.get("lxc") or []],
+                "proxmox_config": {k: v for k, v in config.items() if k not in ("lxc", "digest")},
+            }
+            if self.get_option("hypervisor_port"):
+                hostvars["ansible_port"] = self.get_option("hypervisor_port")
+            for key, value in hostvars.items():
+                self.inventory.set_variable(host, key, value)
+            for tag in tags:
+                group = self.inventory.add_group(safe_group(tag_groups.get(tag, tag)))
+                self.inventory.add_child(group, host)
+            self.inventory.add_child(self.inventory.add_group(safe_group(f"node_{node}")), host)
+            self.inventory.add_child(self.inventory.add_group(safe_group(f"status_{res.get('status')}")), host)
+            self.inventory.add_child(self.inventory.add_group("containers"), host)
+            self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
+            self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
+            self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)

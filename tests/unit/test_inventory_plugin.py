@@ -1,0 +1,90 @@
+"""The proxmox_ct inventory plugin on recorded multi-node API answers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
+
+from ansible.inventory.manager import InventoryManager  # noqa: E402
+from ansible.parsing.dataloader import DataLoader  # noqa: E402
+from ansible.plugins.loader import init_plugin_loader, inventory_loader  # noqa: E402
+
+init_plugin_loader()
+inventory_loader.add_directory(str(ROOT / "plugins" / "inventory"))
+RECORDED = json.loads((ROOT / "tests" / "data" / "pve_multinode.json").read_text())
+
+
+class Recorded:
+    """Stands in for ProxmoxAPI: answers GETs from the recording."""
+
+    def __call__(self, path: str):
+        class Resource:
+            def get(self, **params):
+                return RECORDED[path.strip("/")]
+
+        return Resource()
+
+
+def build(tmp_path: Path, extra: str = "") -> InventoryManager:
+    cfg = tmp_path / "fleet.proxmox_ct.yml"
+    cfg.write_text(
+        "plugin: proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\ntoken_secret: x\n"
+        "tag_groups: {trainer: trainers, server: servers}\n" + extra
+    )
+    plugin_cls = inventory_loader.get("proxmox_ct", class_only=True)
+    original = plugin_cls._api
+    plugin_cls._api = lambda self: Recorded()
+    try:
+        return InventoryManager(loader=DataLoader(), sources=[str(cfg)])
+    finally:
+        plugin_cls._api = original
+
+
+def test_multinode_hosts_reach_their_own_node(tmp_path):
+    inv = build(tmp_path)
+    hosts = {h.name: h.vars for h in inv.get_hosts()}
+    assert sorted(hosts) == ["server-a", "trainer-a", "trainer-b"]  # stopped CT and the VM are left out
+    assert hosts["trainer-a"]["ansible_host"] == "10.20.0.11"
+    assert hosts["trainer-b"]["ansible_host"] == "10.20.0.12"
+    assert hosts["trainer-b"]["pct_node"] == "pve2" and hosts["trainer-b"]["pct_vmid"] == 131
+    assert all(v["ansible_connection"] == "pct" for v in hosts.values())
+
+
+def test_groups_from_tags_nodes_and_status(tmp_path):
+    inv = build(tmp_path)
+    groups = {g: sorted(h.name for h in inv.groups[g].get_hosts()) for g in inv.groups}
+    assert groups["trainers"] == ["trainer-a", "trainer-b"]
+    assert groups["servers"] == ["server-a"]
+    assert groups["gpu8"] == ["trainer-b"]
+    assert groups["node_pve2"] == ["server-a", "trainer-b"]
+    assert groups["status_running"] == ["server-a", "trainer-a", "trainer-b"]
+
+
+def test_gpu_count_and_repeated_lxc_lines_kept(tmp_path):
+    hosts = {h.name: h.vars for h in build(tmp_path).get_hosts()}
+    assert hosts["trainer-a"]["proxmox_gpu_count"] == 4
+    assert hosts["trainer-b"]["proxmox_gpu_count"] == 8
+    assert hosts["server-a"]["proxmox_gpus"] == [4]
+    lxc = hosts["trainer-a"]["proxmox_lxc"]
+    assert [k for k, _ in lxc][:2] == ["lxc.cgroup2.devices.allow", "lxc.cgroup2.devices.allow"]
+    assert lxc[1][1] == "c 509:* rwm" and len(lxc) == 7
+
+
+def test_overrides_status_filter_and_compose(tmp_path):
+    extra = (
+        "node_addresses: {pve1: 192.0.2.1}\nstatus: []\nhost_name: vmid\nhypervisor_port: 2222\n"
+        "compose:\n  gpus_x2: proxmox_gpu_count * 2\n"
+        "keyed_groups:\n  - key: proxmox_gpu_count | string\n    prefix: gpus\n"
+    )
+    hosts = {h.name: h.vars for h in build(tmp_path, extra).get_hosts()}
+    assert sorted(hosts) == ["ct129", "ct131", "ct140", "ct150"]
+    assert hosts["ct129"]["ansible_host"] == "192.0.2.1" and hosts["ct129"]["ansible_port"] == 2222
+    assert hosts["ct131"]["gpus_x2"] == 16
+    inv = build(tmp_path, extra)
+    assert sorted(h.name for h in inv.groups["gpus_8"].get_hosts()) == ["ct131"]

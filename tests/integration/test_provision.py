@@ -16,15 +16,18 @@ VMIDS = ("171", "172", "173")
 TEMPLATE = "local:vztmpl/debian-12-eagle3lab_amd64.tar"
 
 
-def inventory(tmp_path: Path, hosts: dict[str, dict], name: str = "hosts", drop: tuple[str, ...] = (),
-              **group_vars) -> Path:
+def inventory(
+    tmp_path: Path, hosts: dict[str, dict], name: str = "hosts", drop: tuple[str, ...] = (), **group_vars
+) -> Path:
     data = {
         "all": {
             "vars": {
                 "lab_ssh_port": 10022,
                 "eagle3_lab_state_dir": str(LAB_STATE),
                 "ansible_ssh_private_key_file": str(LAB_STATE / "id_ed25519"),
-                "ansible_ssh_common_args": f"-o UserKnownHostsFile={LAB_STATE / 'known_hosts'} -o StrictHostKeyChecking=yes",
+                "ansible_ssh_common_args": (
+                    f"-o UserKnownHostsFile={LAB_STATE / 'known_hosts'} -o StrictHostKeyChecking=yes"
+                ),
                 "proxmox_api_host": "127.0.0.1",
                 "proxmox_api_port": 8006,
                 "proxmox_api_user": "root@pam",
@@ -39,13 +42,26 @@ def inventory(tmp_path: Path, hosts: dict[str, dict], name: str = "hosts", drop:
                 **group_vars,
             },
             "children": {
-                "hypervisors": {"hosts": {"pve-lab": {"ansible_host": "127.0.0.1", "ansible_port": 10022,
-                                                      "ansible_user": "root", "proxmox_node": "pve-lab",
-                                                      "ansible_python_interpreter": "/usr/bin/python3"}}},
+                "hypervisors": {
+                    "hosts": {
+                        "pve-lab": {
+                            "ansible_host": "127.0.0.1",
+                            "ansible_port": 10022,
+                            "ansible_user": "root",
+                            "proxmox_node": "pve-lab",
+                            "ansible_python_interpreter": "/usr/bin/python3",
+                        }
+                    }
+                },
                 "containers": {
-                    "vars": {"ansible_connection": "pct", "ansible_host": "127.0.0.1", "ansible_port": 10022,
-                             "ansible_user": "root", "pct_node": "pve-lab",
-                             "ansible_python_interpreter": "/usr/bin/python3"},
+                    "vars": {
+                        "ansible_connection": "pct",
+                        "ansible_host": "127.0.0.1",
+                        "ansible_port": 10022,
+                        "ansible_user": "root",
+                        "pct_node": "pve-lab",
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                    },
                     "hosts": hosts,
                 },
             },
@@ -109,8 +125,13 @@ def test_memory_change_is_applied_without_a_restart(fleet):
 
 def test_gpu_passthrough_by_devn_with_a_root_password(fleet):
     password = (LAB_STATE / "pve-root-password").read_text()
-    inv = inventory(fleet["tmp"], {"server-172": {**SERVER, "proxmox_ct_gpus": [3]}}, name="password",
-                    drop=("proxmox_api_token_id", "proxmox_api_token_secret"), proxmox_api_password=password)
+    inv = inventory(
+        fleet["tmp"],
+        {"server-172": {**SERVER, "proxmox_ct_gpus": [3]}},
+        name="password",
+        drop=("proxmox_api_token_id", "proxmox_api_token_secret"),
+        proxmox_api_password=password,
+    )
     proc = run_playbook("provision.yml", "-i", str(inv), "-e", "proxmox_ct_restart=true")
     assert "GPUs [3] via devN entries (API)" in proc.stdout
     config = pct("config", "172").stdout
@@ -121,20 +142,27 @@ def test_gpu_passthrough_by_devn_with_a_root_password(fleet):
 
 
 def test_devn_with_an_api_token_is_refused_clearly(fleet):
-    proc = run_playbook("provision.yml", "-i", str(fleet["inv"]), "-l", "server-172", "-e", "proxmox_ct_gpu_mode=dev",
-                        check=False)
+    proc = run_playbook(
+        "provision.yml", "-i", str(fleet["inv"]), "-l", "server-172", "-e", "proxmox_ct_gpu_mode=dev", check=False
+    )
     assert proc.returncode != 0
     assert "permission denied" in proc.stdout.lower() and "root@pam" in proc.stdout
 
 
-@pytest.mark.parametrize(("host", "extra", "needle"), [
-    ({"pct_vmid": 173, "proxmox_ct_template": "local:vztmpl/nope.tar"}, [],
-     "task vzcreate for 173 failed: volume 'local:vztmpl/nope.tar' does not exist (log:"),
-    ({"pct_vmid": 173, "pct_node": "nope"}, [], "Node 'nope' is not in the cluster (nodes: pve-lab)"),
-    ({"pct_vmid": 129}, [], "VMID 129 on pve-lab is 'trainer', not 'bad-host'"),
-    ({"pct_vmid": 173, "proxmox_ct_memory": 8}, [], "memory: value must have a minimum value of 16"),
-    ({"pct_vmid": 173}, ["-e", "proxmox_api_token_secret=wrong"], "401 authentication failure"),
-])
+@pytest.mark.parametrize(
+    ("host", "extra", "needle"),
+    [
+        (
+            {"pct_vmid": 173, "proxmox_ct_template": "local:vztmpl/nope.tar"},
+            [],
+            "task vzcreate for 173 failed: volume 'local:vztmpl/nope.tar' does not exist (log:",
+        ),
+        ({"pct_vmid": 173, "pct_node": "nope"}, [], "Node 'nope' is not in the cluster (nodes: pve-lab)"),
+        ({"pct_vmid": 129}, [], "VMID 129 on pve-lab is 'trainer', not 'bad-host'"),
+        ({"pct_vmid": 173, "proxmox_ct_memory": 8}, [], "memory: value must have a minimum value of 16"),
+        ({"pct_vmid": 173}, ["-e", "proxmox_api_token_secret=wrong"], "401 authentication failure"),
+    ],
+)
 def test_bad_input_gives_clear_errors(fleet, host, extra, needle):
     inv = inventory(fleet["tmp"], {"bad-host": host}, name="bad")
     proc = run_playbook("provision.yml", "-i", str(inv), *extra, check=False)
@@ -146,14 +174,25 @@ def test_bad_input_gives_clear_errors(fleet, host, extra, needle):
 
 def test_dynamic_inventory_reaches_the_containers(fleet, tmp_path):
     cfg = tmp_path / "lab.proxmox_ct.yml"
-    cfg.write_text(yaml.safe_dump({
-        "plugin": "proxmox_ct", "url": "https://127.0.0.1:8006", "user": "root@pam", "token_id": "eagle3",
-        "token_secret": (LAB_STATE / "pve-token").read_text(), "validate_certs": str(LAB_STATE / "pve-ca.pem"),
-        "tag_groups": {"trainer": "trainers", "server": "servers"}, "hypervisor_port": 10022,
-        "compose": {"ansible_python_interpreter": "'/usr/bin/python3'",
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "plugin": "proxmox_ct",
+                "url": "https://127.0.0.1:8006",
+                "user": "root@pam",
+                "token_id": "eagle3",
+                "token_secret": (LAB_STATE / "pve-token").read_text(),
+                "validate_certs": str(LAB_STATE / "pve-ca.pem"),
+                "tag_groups": {"trainer": "trainers", "server": "servers"},
+                "hypervisor_port": 10022,
+                "compose": {
+                    "ansible_python_interpreter": "'/usr/bin/python3'",
                     "ansible_ssh_private_key_file": repr(str(LAB_STATE / "id_ed25519")),
-                    "ansible_ssh_common_args": repr(f"-o UserKnownHostsFile={LAB_STATE / 'known_hosts'}")},
-    }))
+                    "ansible_ssh_common_args": repr(f"-o UserKnownHostsFile={LAB_STATE / 'known_hosts'}"),
+                },
+            }
+        )
+    )
     listing = run_playbook_inventory(cfg)
     trainer = listing["_meta"]["hostvars"]["trainer-171"]
 
@@ -173,8 +212,14 @@ def run_playbook_inventory(cfg: Path) -> dict:
 
     from tests.conftest import ansible_env
 
-    out = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(cfg), "--list"], cwd=ROOT,
-                         env=ansible_env(), capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(cfg), "--list"],
+        cwd=ROOT,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)
 
 

@@ -1,0 +1,82 @@
+"""speculators checkpoints: which epoch directory is complete, and setting partial ones aside.
+
+speculators writes ``SAVE/<epoch>/`` with model.safetensors, config.json, optimizer_state_dict.pt,
+scheduler_state_dict.pt and training_state.json, and resumes from the newest epoch directory it finds.
+A job killed while saving leaves a partial directory that it would then try to load: before each
+launch the partial ones are renamed aside, so a resume starts from the newest complete epoch (and a
+fresh start happens only when no complete epoch exists).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+try:  # shipped beside this file (roles copy the codec along)
+    from . import _safetensors as st
+except ImportError:  # pragma: no cover - run as a loose script
+    import _safetensors as st  # type: ignore[no-redef]
+
+REQUIRED = ("model.safetensors", "config.json", "optimizer_state_dict.pt", "scheduler_state_dict.pt",
+            "training_state.json")  # fmt: skip
+
+
+@dataclass
+class Epoch:
+    epoch: int
+    path: str
+    problem: str | None  # None when complete
+
+    @property
+    def complete(self) -> bool:
+        return self.problem is None
+
+
+def check_epoch_dir(path: str) -> str | None:
+    """Why ``path`` is not a complete checkpoint, or None."""
+    for name in REQUIRED:
+        f = os.path.join(path, name)
+        if not os.path.isfile(f) or os.path.getsize(f) == 0:
+            return f"{name} is missing or empty"
+    try:
+        st.read_header(os.path.join(path, "model.safetensors"))
+    except st.SafetensorsError as exc:
+        return str(exc)
+    for name in ("config.json", "training_state.json"):
+        try:
+            with open(os.path.join(path, name), encoding="utf-8") as fh:
+                json.load(fh)
+        except ValueError:
+            return f"{name} is not complete JSON"
+    return None
+
+
+def scan(save_dir: str) -> list[Epoch]:
+    """Every epoch directory, oldest first, with what makes it incomplete."""
+    if not os.path.isdir(save_dir):
+        return []
+    epochs = []
+    for name in os.listdir(save_dir):
+        path = os.path.join(save_dir, name)
+        if re.fullmatch(r"\d+", name) and os.path.isdir(path) and not os.path.islink(path):
+            epochs.append(Epoch(int(name), path, check_epoch_dir(path)))
+    return sorted(epochs, key=lambda e: e.epoch)
+
+
+def newest_complete(save_dir: str) -> Epoch | None:
+    complete = [e for e in scan(save_dir) if e.complete]
+    return complete[-1] if complete else None
+
+
+def set_partial_aside(save_dir: str) -> list[str]:
+    """Rename incomplete epoch directories newer than the newest complete one; returns the new names."""
+    newest = newest_complete(save_dir)
+    moved = []
+    for e in scan(save_dir):
+        if not e.complete and (newest is None or e.epoch > newest.epoch):
+            target = os.path.join(save_dir, f".partial-{e.epoch}-{int(os.path.getmtime(e.path))}")
+            os.rename(e.path, target)
+            moved.append(target)
+    return moved

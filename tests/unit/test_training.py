@@ -1,0 +1,121 @@
+"""Training payload: token budget, OOM back-off, resume from complete checkpoints, tau, disk preflight."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3_ops.payloads.training import budget, checkpoints, disk, metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = ROOT / "tests" / "data" / "fake_trainer.py"
+KIMI = budget.Shapes(hidden=7168, intermediate=18432, heads=64, kv_heads=8, draft_vocab=32000, target_vocab=163840,
+                     ttt_steps=5)  # fmt: skip
+CARD_96GB = 97887 * 1024 * 1024
+
+
+def test_estimate_matches_the_seeds_run():
+    # 8192 tokens used 39.8 GB; 16384 fit; 24576 and 32768 ran out of memory on 96 GB cards.
+    assert abs(budget.estimate_memory(KIMI, 8192) / 1e9 - 39.8) < 2
+    assert budget.estimate_memory(KIMI, 16384) < CARD_96GB * 0.85 < budget.estimate_memory(KIMI, 24576)
+    assert budget.estimate_total_seq_len(KIMI, CARD_96GB) == 16384
+
+
+def test_estimate_grows_with_the_gpu_and_refuses_a_tiny_one():
+    assert budget.estimate_total_seq_len(KIMI, 192 * 1024**3) >= 32768
+    with pytest.raises(ValueError, match="more than the"):
+        budget.estimate_total_seq_len(KIMI, 8 * 1024**3)
+
+
+def test_ladder_and_oom_detection():
+    assert budget.ladder_from(32768, 8192) == [32768, 24576, 16384, 12288, 8192]
+    assert budget.ladder_from(20000, 8192) == [20000, 16384, 12288, 8192]
+    assert budget.died_of_oom(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not budget.died_of_oom(1, "ValueError: bad config")
+    assert not budget.died_of_oom(0, "out of memory")
+
+
+def test_tau():
+    assert metrics.tau_from_full([0.747, 0.55, 0.4]) == pytest.approx(2.697)
+    assert metrics.tau_from_conditional([0.8, 0.5]) == pytest.approx(1 + 0.8 + 0.4)
+    assert metrics.tau_constant(0.5, 3) == pytest.approx((1 - 0.5**4) / 0.5)
+    summary = metrics.epoch_summary({"full_acc_0": 0.7, "full_acc_1": 0.5, "acc_0": 0.7, "acc_1": 0.71, "loss": 2})
+    assert summary["tau"] == pytest.approx(2.2) and summary["step_accuracy"] == [0.7, 0.71]
+
+
+def test_disk_preflight_refuses_with_the_numbers(tmp_path):
+    seeds = disk.hidden_state_bytes(37312, 2150, 7168, aux_layers=3, dtype_bytes=2)
+    assert 4.5e12 < seeds < 4.8e12  # the seeds' 4.6 TB
+    check = disk.check(str(tmp_path / "hidden_states"), seeds)
+    assert not check.fits
+    assert "hidden states need 4.69 TB" in check.message() and "TB are free" in check.message()
+    assert disk.check(str(tmp_path), 1000).fits
+
+
+def launcher(tmp_path: Path, start: int, env: dict[str, str], epochs: int = 3) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
+           "--state", str(tmp_path / "state"), "--start", str(start), "--floor", "8192", "--",
+           sys.executable, str(FAKE), "--save-path", str(tmp_path / "save"), "--total-seq-len", "{total_seq_len}",
+           "--epochs", str(epochs)]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+
+
+def test_oom_backs_off_down_the_ladder_and_records_each_attempt(tmp_path):
+    proc = launcher(tmp_path, 32768, {"FAKE_OOM_ABOVE": "16384"})
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    attempts = json.loads((tmp_path / "state" / "attempts.json").read_text())
+    assert [(a["total_seq_len"], a["cause"]) for a in attempts] == [
+        (32768, "out_of_memory"),
+        (24576, "out_of_memory"),
+        (16384, "completed"),
+    ]
+    result = json.loads((tmp_path / "state" / "result.json").read_text())
+    assert result["total_seq_len"] == 16384 and result["best_epoch"] == 3
+    assert result["tau"] == pytest.approx(1 + 0.6 + 0.36 + 0.216)
+    # A restart does not retry the budgets that ran out of memory.
+    proc = launcher(tmp_path, 32768, {"FAKE_OOM_ABOVE": "16384"})
+    proc.communicate(timeout=60)
+    attempts = json.loads((tmp_path / "state" / "attempts.json").read_text())
+    assert attempts[-1]["total_seq_len"] == 16384 and len(attempts) == 4
+
+
+def test_resume_after_a_kill_mid_epoch_ignores_the_partial_checkpoint(tmp_path):
+    proc = launcher(tmp_path, 8192, {"FAKE_EPOCH_SECONDS": "1.5"}, epochs=4)
+    save = tmp_path / "save"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (save / "3").exists():
+        time.sleep(0.05)
+    time.sleep(0.3)  # epoch 3's weights are half written
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert checkpoints.newest_complete(str(save)).epoch == 2
+    assert [e.epoch for e in checkpoints.scan(str(save)) if not e.complete] == [3]
+    proc = launcher(tmp_path, 8192, {"FAKE_EPOCH_SECONDS": "0"}, epochs=4)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "resuming after epoch 2" in out and "set aside the partial checkpoint" in out
+    assert [e.epoch for e in checkpoints.scan(str(save))] == [1, 2, 3, 4]
+    assert all(e.complete for e in checkpoints.scan(str(save)))
+    attempts = json.loads((tmp_path / "state" / "attempts.json").read_text())
+    assert attempts[-1]["resume_from_epoch"] == 2
+
+
+def test_a_non_oom_failure_stops_with_its_code(tmp_path):
+    proc = launcher(tmp_path, 8192, {})
+    proc.communicate(timeout=60)
+    bad = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "s2"),
+           "--state", str(tmp_path / "st2"), "--start", "8192", "--", sys.executable, "-c",
+           "import sys; print('ValueError: bad config'); sys.exit(7)", "{total_seq_len}"]  # fmt: skip
+    result = subprocess.run(bad, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 7
+    attempts = json.loads((tmp_path / "st2" / "attempts.json").read_text())
+    assert attempts[0]["cause"] == "error" and "bad config" in attempts[0]["log_tail"]

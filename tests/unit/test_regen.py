@@ -121,7 +121,7 @@ def test_bad_prompt_files_are_named(tmp_path):
     with pytest.raises(SystemExit, match="repeats id '1'"):
         regen.load_prompts(str(bad))
     bad.write_text('{"id": 1, "prompt": "a"}\nnot json\n')
-    with pytest.raises(SystemExit, match="bad.jsonl:2 is not JSON"):
+    with pytest.raises(SystemExit, match=r"bad\.jsonl:2 is not JSON"):
         regen.load_prompts(str(bad))
 
 

@@ -83,7 +83,8 @@ def complete(endpoint: str, model: str, messages: list[dict[str, str]], max_toke
     delay = 0.5
     last = ""
     for attempt in range(retries + 1):
-        req = urllib.request.Request(f"{endpoint.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
+        url = f"{endpoint.rstrip('/')}/v1/chat/completions"
+        req = urllib.request.Request(url, data=body, headers=headers)  # noqa: S310 -- http(s) checked in main
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 -- the target's own endpoint
                 return json.load(resp)
@@ -115,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress-every", type=int, default=100)
     ap.add_argument("--max-failures", type=int, default=0, help="give up after this many failed samples")
     args = ap.parse_args(argv)
+    if not args.endpoint.startswith(("http://", "https://")):
+        raise SystemExit(f"--endpoint {args.endpoint!r} must be an http:// or https:// URL")
     api_key = os.environ.get("OPENAI_API_KEY")
     prompts = load_prompts(args.prompts)
     done = read_done(args.out)

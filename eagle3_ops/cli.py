@@ -64,6 +64,7 @@ def _run(args: argparse.Namespace, playbook: str, extra: dict[str, Any] | None =
     result = run_playbook(
         playbook,
         extravars=extravars,
+        inventory=args.inventory,
         limit=args.limit,
         check=args.check,
         on_event=None if args.verbose else _progress,
@@ -80,12 +81,20 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return _run(args, "smoke.yml")
 
 
+def cmd_playbook(playbook: str):
+    def run(args: argparse.Namespace) -> int:
+        return _run(args, playbook)
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagle3-ops",
         description="Train, export, clean up after and serve EAGLE-3 drafters on Proxmox GPU containers.",
     )
     common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-i", "--inventory", help="inventory (default: the lab, from ansible.cfg)")
     common.add_argument("-l", "--limit", help="limit to these hosts or groups (Ansible pattern)")
     common.add_argument("-C", "--check", action="store_true", help="check mode: report what would change")
     common.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE")
@@ -95,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("action", choices=["up", "down", "status"])
     lab.add_argument("--purge", action="store_true", help="with down: also remove the cached container template")
     lab.set_defaults(func=cmd_lab)
+    cleanup = sub.add_parser("cleanup", parents=[common], help="free GPUs across the fleet (cleanup.yml)")
+    cleanup.set_defaults(func=cmd_playbook("cleanup.yml"))
+    provision = sub.add_parser("provision", parents=[common], help="converge containers through the API")
+    provision.set_defaults(func=cmd_playbook("provision.yml"))
     return parser
 
 

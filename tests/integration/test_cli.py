@@ -1,0 +1,56 @@
+"""The eagle3-ops command line against the lab."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, ansible_env
+
+pytestmark = pytest.mark.lab
+CLI = [sys.executable, "-m", "eagle3_ops.cli"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        cwd=ROOT,
+        env=ansible_env(EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test")),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_help_lists_the_commands():
+    out = run("--help").stdout
+    for command in ("lab", "cleanup", "provision"):
+        assert command in out
+
+
+def test_lab_status_runs_the_smoke_play_and_writes_artifacts(lab):
+    proc = run("lab", "status")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ct129" in proc.stdout and "Check the GPU count and that the GPUs are idle" in proc.stdout
+    run_dir = Path(proc.stdout.strip().splitlines()[-1].split("artifacts: ", 1)[1])
+    assert (run_dir / "job_events").is_dir() and (run_dir / "rc").read_text().strip() == "0"
+
+
+def test_a_failing_play_gives_a_nonzero_exit_code(lab):
+    proc = run("cleanup", "-l", "ct130", "-e", "gpu_cleanup_grace=-1")
+    assert proc.returncode == 2, proc.stdout
+    assert "FAILED" in proc.stdout
+
+
+def test_unreachable_hosts_give_their_own_exit_code(lab):
+    proc = run("cleanup", "-l", "ct130", "-e", "pct_vmid=999")
+    assert proc.returncode == 4, proc.stdout
+
+
+def test_check_mode_passes_through(lab):
+    proc = run("cleanup", "--check", "-l", "ct129")
+    assert proc.returncode == 0, proc.stdout

@@ -407,6 +407,12 @@ def _worker(args: argparse.Namespace) -> None:
     _sleep_forever()
 
 
+def _job_args(args: argparse.Namespace) -> list[str]:
+    """The flags every process of one job shares (agent and workers get them from the launch)."""
+    return ["--mib", str(args.mib), "--util", str(args.util), "--dataloader-workers", str(args.dataloader_workers),
+            "--tag", args.tag]  # fmt: skip
+
+
 def _agent(args: argparse.Namespace) -> None:
     workers: list[subprocess.Popen] = []
     me = [sys.executable, os.path.realpath(__file__), "workload"]
@@ -425,23 +431,7 @@ def _agent(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     for rank, gpu in enumerate(args.gpus):
-        cmd = [
-            *me,
-            "--role",
-            "worker",
-            "--gpu",
-            str(gpu),
-            "--mib",
-            str(args.mib),
-            "--util",
-            str(args.util),
-            "--dataloader-workers",
-            str(args.dataloader_workers),
-            "--tag",
-            args.tag,
-            "--rank",
-            str(rank),
-        ]
+        cmd = [*me, "--role", "worker", "--gpu", str(gpu), "--rank", str(rank), *_job_args(args)]
         if rank in args.ignore_term_ranks:
             cmd.append("--ignore-term")
         workers.append(subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL))
@@ -496,20 +486,8 @@ def workload_main(argv: list[str] | None = None) -> int:
         _sleep_forever()
     else:
         me = [sys.executable, os.path.realpath(__file__), "workload"]
-        passthrough = [
-            "--gpus",
-            ",".join(map(str, args.gpus)),
-            "--mib",
-            str(args.mib),
-            "--util",
-            str(args.util),
-            "--dataloader-workers",
-            str(args.dataloader_workers),
-            "--ignore-term-ranks",
-            ",".join(map(str, args.ignore_term_ranks)),
-            "--tag",
-            args.tag,
-        ]
+        passthrough = ["--gpus", ",".join(map(str, args.gpus)), "--ignore-term-ranks",
+                       ",".join(map(str, args.ignore_term_ranks)), *_job_args(args)]  # fmt: skip
         if args.foreground:
             args.role = "agent"
             _agent(args)

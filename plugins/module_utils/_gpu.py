@@ -294,14 +294,18 @@ def terminate(sel: Selection, procs: dict[int, Proc], proc: str = "/proc") -> li
                 continue
             except ProcessLookupError:
                 pass
-        if p.pgid in groups_done:
-            continue
-        try:
-            os.kill(p.pid, signal.SIGTERM)
+        if p.pgid not in groups_done and _send(p.pid, signal.SIGTERM):
             signalled.append(p.pid)
-        except ProcessLookupError:
-            pass
     return signalled
+
+
+def _send(pid: int, sig: int) -> bool:
+    """Signal one process; False when it is already gone."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def wait_gone(targets: list[Proc], seconds: float, proc: str = "/proc") -> list[Proc]:
@@ -317,13 +321,9 @@ def wait_gone(targets: list[Proc], seconds: float, proc: str = "/proc") -> list[
 def kill(targets: list[Proc], proc: str = "/proc") -> list[int]:
     killed = []
     for p in targets:
-        if not same_process(p, proc):
-            continue  # gone, or the PID now names another process
-        try:
-            os.kill(p.pid, signal.SIGKILL)
+        # skip what is gone, or whose PID now names another process
+        if same_process(p, proc) and _send(p.pid, signal.SIGKILL):
             killed.append(p.pid)
-        except ProcessLookupError:
-            pass
     return killed
 
 

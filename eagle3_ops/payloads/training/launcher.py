@@ -36,16 +36,6 @@ except ImportError:  # pragma: no cover - run as a loose script
 EXIT_LADDER_EXHAUSTED = 3
 
 
-def _write_json(path: str, data: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _load_attempts(state: str) -> list[dict[str, Any]]:
     try:
         with open(os.path.join(state, "attempts.json"), encoding="utf-8") as fh:
@@ -118,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         attempt = {"n": len(attempts) + 1, "total_seq_len": total, "started": time.time(),
                    "resume_from_epoch": newest.epoch if newest else None, "cause": "running"}  # fmt: skip
         attempts.append(attempt)
-        _write_json(os.path.join(args.state, "attempts.json"), attempts)
+        checkpoints.st.write_json_atomic(os.path.join(args.state, "attempts.json"), attempts)
         where = f"resuming from epoch {newest.epoch}" if newest else "from scratch"
         log(f"attempt {attempt['n']}: total_seq_len={total}, {where}")
         cmd = [part.replace("{total_seq_len}", str(total)) for part in template]
@@ -133,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             attempt["cause"] = "error"
             attempt["log_tail"] = tail[-2000:]
-        _write_json(os.path.join(args.state, "attempts.json"), attempts)
+        checkpoints.st.write_json_atomic(os.path.join(args.state, "attempts.json"), attempts)
         if attempt["cause"] == "completed":
             result = metrics.collect(args.save_dir)
             result.update(total_seq_len=total, attempts=len(attempts))
-            _write_json(os.path.join(args.state, "result.json"), result)
+            checkpoints.st.write_json_atomic(os.path.join(args.state, "result.json"), result)
             log(f"done: tau={result['tau']} (best epoch {result['best_epoch']}) at total_seq_len={total}")
             return 0
         if attempt["cause"] != "out_of_memory":

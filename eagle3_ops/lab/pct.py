@@ -328,7 +328,7 @@ def parse_args(cmd: Command, argv: list[str]) -> tuple[list[str], dict[str, str]
         missing = cmd.positional[len(pos)]
         raise _param_error(missing, "property is missing and it is not optional", cmd.usage)
     if len(pos) > len(cmd.positional):
-        raise PctError("400 too many arguments\n", cmd.usage)
+        raise PctError("400 too many arguments", cmd.usage)
     return pos, opts, extra
 
 
@@ -547,7 +547,8 @@ def cmd_destroy(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
             if opts.get("force") != "1":
                 raise PctError(f"unable to destroy CT {vmid} - container is running")
             _stop(vmid, None)
-        shutil.rmtree(ct_dir(vmid), ignore_errors=False) if os.path.exists(ct_dir(vmid)) else None
+        if os.path.exists(ct_dir(vmid)):
+            shutil.rmtree(ct_dir(vmid))
         os.unlink(conf_path(vmid))
     return 0
 

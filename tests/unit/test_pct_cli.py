@@ -99,3 +99,29 @@ def test_create_file_modes_and_owners(tmp_path):
     with pytest.raises(pct.PctError, match="invalid mode: '0rw'"):
         pct.create_file(str(tmp_path / "g"), "rw", None, None)
     assert not (tmp_path / "g").exists()
+
+
+def test_create_and_set_options_exist_in_the_pve_schema():
+    import json
+
+    from tests.conftest import SHARED
+
+    schema_file = SHARED / "reference" / "pve-9.1.3-api-schema.json"
+    if not schema_file.exists():
+        pytest.skip("../shared/reference/pve-9.1.3-api-schema.json is not beside this checkout")
+    index = {}
+
+    def walk(nodes):
+        for n in nodes:
+            index[n["path"]] = n.get("info", {})
+            walk(n.get("children") or [])
+
+    walk(json.loads(schema_file.read_text()))
+    create = index["/nodes/{node}/lxc"]["POST"]["parameters"]["properties"]
+    update = index["/nodes/{node}/lxc/{vmid}/config"]["PUT"]["parameters"]["properties"]
+    for name, kind in pct.OPTION_TYPES.items():
+        assert name in create, f"pct create --{name} is not a PVE option"
+        assert create[name]["type"] == kind, f"--{name} is {create[name]['type']} in PVE, {kind} in the lab"
+        assert name in update or name in pct.CREATE_ONLY
+    for prefix in pct.INDEXED_OPTIONS:
+        assert f"{prefix}[n]" in create

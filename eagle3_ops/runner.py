@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -11,6 +13,41 @@ from pathlib import Path
 from typing import Any
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
+SECRET_NAME = re.compile(r"(secret|token|passw|api_?key|credential|private)", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def secret_values(extravars: dict[str, Any], environ: dict[str, str]) -> set[str]:
+    """Values of variables and environment entries whose names look secret (long enough to match safely)."""
+    found = {str(v) for k, v in extravars.items() if SECRET_NAME.search(k) and v not in (None, "")}
+    found |= {v for k, v in environ.items() if SECRET_NAME.search(k) and v}
+    return {v for v in found if len(v) >= 4}
+
+
+def _redact(value: Any, secrets: set[str]) -> Any:
+    if isinstance(value, dict):
+        return {k: (REDACTED if SECRET_NAME.search(str(k)) and isinstance(v, str) and v else _redact(v, secrets))
+                for k, v in value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [_redact(v, secrets) for v in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+    return value
+
+
+def scrub(run_root: Path, secrets: set[str]) -> None:
+    """Rewrite every artifact so no secret value or secret-named variable is left in the run directory."""
+    for path in run_root.rglob("*"):
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            cleaned = json.dumps(_redact(json.loads(text), secrets))
+        except ValueError:
+            cleaned = _redact(text, secrets)
+        if cleaned != text:
+            path.write_text(cleaned, encoding="utf-8")
 
 
 @dataclass
@@ -93,7 +130,11 @@ def run_playbook(
             on_event(event)
         return True
 
-    result = ansible_runner.run(event_handler=handler, **kwargs)
+    try:
+        result = ansible_runner.run(event_handler=handler, **kwargs)
+    finally:
+        # Runner keeps the command line, the whole environment and every event: none may keep a secret.
+        scrub(private, secret_values(extravars or {}, dict(os.environ)))
     stats = result.stats or {}
     per_host: dict[str, dict[str, int]] = {}
     for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored"):

@@ -54,3 +54,19 @@ def test_unreachable_hosts_give_their_own_exit_code(lab):
 def test_check_mode_passes_through(lab):
     proc = run("cleanup", "--check", "-l", "ct129")
     assert proc.returncode == 0, proc.stdout
+
+
+def test_secrets_never_reach_the_artifacts(lab):
+    fake = {"PROXMOX_TOKEN_SECRET": "env-s3cr3t-value"}  # a decoy the test looks for in the artifacts
+    env = ansible_env(EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test"), **fake)
+    proc = subprocess.run([*CLI, "cleanup", "--check", "-l", "ct130", "-e", "proxmox_api_token_secret=xv-s3cr3t-value",
+                           "-e", "vault_password=pw-s3cr3t-value"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
+    run_root = Path(proc.stdout.strip().splitlines()[-1].split("artifacts: ", 1)[1]).parents[1]
+    files = [p for p in run_root.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        text = path.read_text(errors="replace")
+        for secret in ("env-s3cr3t-value", "xv-s3cr3t-value", "pw-s3cr3t-value"):
+            assert secret not in text, f"{secret} leaked into {path}"

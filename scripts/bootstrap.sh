@@ -9,7 +9,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-packages=(lxc debootstrap openssh-server openssh-client psmisc iproute2 procps rsync python3-venv python3-pip git)
+packages=(lxc debootstrap openssh-server openssh-client openssl psmisc iproute2 procps rsync python3-venv python3-pip python3-apt git)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

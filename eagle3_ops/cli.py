@@ -81,6 +81,48 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return _run(args, "smoke.yml")
 
 
+def render_status(rows: dict[str, dict[str, Any]]) -> str:
+    """One line per container: state, GPUs (memory used/total, power, utilisation), training attempt."""
+    header = f"{'HOST':<16}{'STATE':<13}{'GPUS':>5}  {'MEMORY USED/TOTAL':<22}{'POWER':<14}{'UTIL':<7}TRAINING"
+    lines = [header]
+    for host in sorted(rows):
+        row = rows[host]
+        gpus = row.get("gpus") or []
+        used = sum(g.get("memory_used") or 0 for g in gpus)
+        total = sum(g.get("memory_total") or 0 for g in gpus)
+        power = sum(g.get("power_draw") or 0 for g in gpus)
+        limit = sum(g.get("power_limit") or 0 for g in gpus)
+        util = sum(g.get("utilization_gpu") or 0 for g in gpus) / len(gpus) if gpus else 0
+        train = row.get("training") or {}
+        job = (f"attempt {train.get('n')} seq {train.get('total_seq_len')}: {train.get('cause')}"
+               if train else "-")  # fmt: skip
+        memory = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if gpus else "-"
+        watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
+        lines.append(f"{host:<16}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
+                     f"{(f'{util:.0f}%' if gpus else '-'):<7}{job}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rows: dict[str, dict[str, Any]] = {}
+
+    def collect(event: dict[str, Any]) -> None:
+        data = event.get("event_data", {})
+        host = data.get("host")
+        if event.get("event") == "runner_on_unreachable" and host:
+            rows[host] = {"state": "unreachable"}
+        elif event.get("event") == "runner_on_ok" and data.get("task") == "Report the status":
+            msg = data.get("res", {}).get("msg", {})
+            rows[host] = {"state": "running", "gpus": msg.get("gpus"), "training": msg.get("training")}
+
+    result = run_playbook("status.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
+                          limit=args.limit, on_event=collect)  # fmt: skip
+    print(render_status(rows))
+    print(f"artifacts: {result.run_dir}")
+    return EXIT_OK if result.ok else (EXIT_UNREACHABLE if any(c.get("dark") for c in result.stats.values())
+                                      else EXIT_FAILED)  # fmt: skip
+
+
 def cmd_playbook(playbook: str):
     def run(args: argparse.Namespace) -> int:
         return _run(args, playbook)
@@ -108,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup.set_defaults(func=cmd_playbook("cleanup.yml"))
     provision = sub.add_parser("provision", parents=[common], help="converge containers through the API")
     provision.set_defaults(func=cmd_playbook("provision.yml"))
+    status = sub.add_parser("status", parents=[common], help="one table for the fleet: GPUs and training jobs")
+    status.set_defaults(func=cmd_status)
     return parser
 
 

@@ -70,3 +70,17 @@ def test_secrets_never_reach_the_artifacts(lab):
         text = path.read_text(errors="replace")
         for secret in ("env-s3cr3t-value", "xv-s3cr3t-value", "pw-s3cr3t-value"):
             assert secret not in text, f"{secret} leaked into {path}"
+
+
+def test_status_table_follows_a_workload(lab):
+    from tests.conftest import pct
+
+    pct("exec", "129", "--", "lab-workload", "--gpus", "0-1", "--mib", "20000", "--dataloader-workers", "0")
+    try:
+        proc = run("status")
+    finally:
+        pct("exec", "129", "--", "pkill", "-9", "-f", "nvemu.py workload", check=False)
+    assert proc.returncode == 0, proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("ct129"))
+    assert row.split()[:3] == ["ct129", "running", "4"]
+    assert "39.1/382.4 GiB" in row

@@ -103,16 +103,17 @@ def test_allow_listed_daemon_and_non_selected_gpus_survive(gpus, capsys):
         ]
     )
     gpus["started"].append(daemon.pid)
-    pids = workload(gpus, "--gpus", "0-3", "--mib", "500", "--dataloader-workers", "0")
+    job_a = workload(gpus, "--gpus", "0-1", "--mib", "500", "--dataloader-workers", "0", "--tag", "job-a")
+    job_b = workload(gpus, "--gpus", "2-3", "--mib", "500", "--dataloader-workers", "0", "--tag", "job-b")
     time.sleep(0.3)
     res = cleanup(gpus, capsys, gpus=["0", "1"])
     assert not res.get("failed"), res.get("msg")
+    assert [r["pid"] for r in res["roots"]] == [job_a["agent"]]  # job A's agent goes first
+    time.sleep(1.0)  # long enough for job B's agent to notice a dead worker, had one of its own been hit
     mem = used()
     assert mem[:2] == [3, 3] and mem[2:] == [503, 503]
-    assert alive(daemon.pid)
+    assert alive(daemon.pid) and alive(job_b["agent"])
     assert any(s["pid"] == daemon.pid for s in res["spared"])
-    # The agent also runs the workers on GPUs 2-3: it is left alone, or it would take them down too.
-    assert res["roots"] == [] and alive(pids["agent"])
 
 
 def test_check_mode_changes_nothing_and_second_run_is_unchanged(gpus, capsys):
@@ -155,3 +156,24 @@ def test_bad_arguments(gpus, capsys):
     assert res["failed"] and "neither an index nor the UUID" in res["msg"]
     res = cleanup(gpus, capsys, include_non_gpu=True)
     assert res["failed"] and "include_non_gpu needs match patterns" in res["msg"]
+
+
+def test_an_agent_that_also_runs_spared_gpus_is_not_a_root():
+    from tests.modules import _alias_module_utils
+
+    _alias_module_utils()
+    from ansible.module_utils._gpu import Proc, select
+
+    procs = {
+        1: Proc(1, 0, 1, 1, "S", 1, "systemd", "/sbin/init"),
+        10: Proc(10, 1, 10, 10, "S", 5, "python3", "torchrun train.py"),
+        11: Proc(11, 10, 11, 11, "S", 6, "python3", "worker 0", gpus={0}),
+        12: Proc(12, 10, 12, 12, "S", 7, "python3", "worker 2", gpus={2}),
+        13: Proc(13, 1, 13, 13, "S", 8, "python3", "monitor.py"),
+    }
+    part = select(procs, {0}, [], [], False, me=999)
+    assert [p.pid for p in part.holders] == [11] and part.roots == []
+    assert [p.pid for p in part.spared] == [12]
+    whole = select(procs, None, [], [], False, me=999)
+    assert [p.pid for p in whole.holders] == [11, 12] and [p.pid for p in whole.roots] == [10]
+    assert 13 not in {p.pid for p in whole.holders}  # holds no GPU: never selected

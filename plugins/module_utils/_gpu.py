@@ -28,7 +28,7 @@ from ansible.module_utils._safetensors import SafetensorsError, read_header
 DEFAULT_EXCLUDE = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "Xorg", "X", "nvidia-smi"]
 # Processes a job root is never taken from: whoever started the job, not the job itself.
 SUPERVISORS = {"systemd", "init", "sshd", "lxc-attach", "login", "tmux: server", "tmux", "screen", "SCREEN",
-               "containerd-shim", "conmon", "su", "sudo", "runc", "lxc-start", "python3-ansible"}  # fmt: skip
+               "containerd-shim", "conmon", "su", "sudo", "runc", "lxc-start"}  # fmt: skip
 
 
 @dataclass
@@ -159,8 +159,8 @@ def gpu_memory(nvidia_smi: list[str]) -> list[dict[str, Any]] | None:
     return out
 
 
-def app_memory(nvidia_smi: list[str], gpus: list[dict[str, Any]] | None) -> dict[int, int]:
-    """PID -> MiB from --query-compute-apps (joined on uuid; nothing when idle or PIDs do not map)."""
+def app_memory(nvidia_smi: list[str]) -> dict[int, int]:
+    """PID -> MiB from --query-compute-apps, summed over GPUs (nothing when idle or when PIDs do not map)."""
     rows = run_smi(nvidia_smi, "query-compute-apps", "gpu_uuid,pid,used_memory") or []
     out: dict[int, int] = {}
     for r in rows:
@@ -182,7 +182,7 @@ class Selection:
     protected: set[int]  # our own tree
 
 
-def resolve_gpus(wanted: list[str] | None, gpus: list[dict[str, Any]] | None, present: set[int]) -> set[int] | None:
+def resolve_gpus(wanted: list[str] | None, gpus: list[dict[str, Any]] | None) -> set[int] | None:
     """Indices for a list of indices/UUIDs; None means every GPU."""
     if not wanted:
         return None

@@ -237,14 +237,12 @@ def main() -> None:
             kept_weights = os.path.join(keep, WEIGHTS)
             if os.path.exists(kept_weights):
                 os.unlink(kept_weights)
-            os.link(weights, kept_weights)
             # A new file replaces model.safetensors; the hard link keeps the original's inode intact.
-            write_rewrite(header, new_header, copies if pl.dropped else None, dest=weights)
-            write_json_atomic(os.path.join(src, "config.json"), sg)
+            os.link(weights, kept_weights)
         else:
             os.makedirs(dest, exist_ok=True)
-            write_rewrite(header, new_header, copies if pl.dropped else None, dest=os.path.join(dest, WEIGHTS))
-            write_json_atomic(os.path.join(dest, "config.json"), sg)
+        write_rewrite(header, new_header, copies if pl.dropped else None, dest=os.path.join(dest, WEIGHTS))
+        write_json_atomic(os.path.join(dest, "config.json"), sg)
         final = read_header(os.path.join(dest, WEIGHTS))
         problems = check_tensors(sg, {t.name: t.shape for t in final.tensors})
         if problems:

@@ -220,12 +220,11 @@ def main() -> None:
         before = gpu_memory(smi)
         result["gpus_before"] = before or []
         procs = scan(dev_dir=p["device_dir"])
-        present = {g["index"] for g in before or []} | {i for q in procs.values() for i in q.gpus}
         try:
-            wanted = resolve_gpus(p["gpus"], before, present)
+            wanted = resolve_gpus(p["gpus"], before)
         except ValueError as exc:
             module.fail_json(msg=f"{exc}: list indices from 'nvidia-smi -L'.", **result)
-        mem = app_memory(smi, before)
+        mem = app_memory(smi)
         for q in procs.values():
             q.memory_mib = mem.get(q.pid)
         sel = select(procs, wanted, p["match"], p["exclude"], p["include_non_gpu"])

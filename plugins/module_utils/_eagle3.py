@@ -113,13 +113,19 @@ def sglang_config(conf: dict[str, Any]) -> dict[str, Any]:
         if layer.get(key) is not None:
             out[key] = layer[key]
     out.setdefault("num_key_value_heads", out["num_attention_heads"])
+    # transformers 5 keeps rope settings under rope_parameters; SGLang's llama reads rope_theta/rope_scaling.
+    rope = layer.get("rope_parameters") or {}
+    if "rope_theta" not in out and rope.get("rope_theta") is not None:
+        out["rope_theta"] = rope["rope_theta"]
+    if "rope_scaling" not in out and rope.get("rope_type") not in (None, "default"):
+        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     out["vocab_size"] = layer["vocab_size"]  # the target's vocabulary (embeddings, d2t targets)
     out["num_hidden_layers"] = int(layer.get("num_hidden_layers", 1) or 1)
     out["draft_vocab_size"] = int(conf.get("draft_vocab_size") or layer["vocab_size"])
     out["tie_word_embeddings"] = False
     if conf.get("target_hidden_size"):
         out["target_hidden_size"] = conf["target_hidden_size"]
-    dtype = layer.get("torch_dtype") or layer.get("dtype")
+    dtype = layer.get("torch_dtype") or layer.get("dtype") or conf.get("torch_dtype") or conf.get("dtype")
     if dtype:
         out["torch_dtype"] = dtype
     aux = conf.get("eagle_aux_hidden_state_layer_ids")

@@ -33,18 +33,19 @@ def tau_constant(alpha: float, k: int) -> float:
 
 
 def _series(metrics: dict[str, Any], word: str) -> list[float]:
+    """Values of keys like ``full_acc_0``, ``val/full_acc_0`` or speculators 0.9's ``full_acc_0_epoch``."""
     found = []
     for key, value in metrics.items():
-        m = re.search(rf"(?:^|/){word}[_/]?(\d+)$", key)
+        m = re.search(rf"(?:^|/){word}[_/]?(\d+)(?:_epoch)?$", key)
         if m and isinstance(value, (int, float)):
             found.append((int(m.group(1)), float(value)))
     return [v for _, v in sorted(found)]
 
 
 def epoch_summary(val_metrics: dict[str, Any]) -> dict[str, Any]:
-    """Per-step accuracies and tau from one epoch's val_metrics.json (keys like full_acc_0, acc_1, ...)."""
+    """Per-step accuracies and tau from one epoch's val_metrics.json (keys like full_acc_0, cond_acc_1, ...)."""
     full = _series(val_metrics, "full_acc")
-    cond = [v for v in _series(val_metrics, "acc") if v is not None]
+    cond = _series(val_metrics, "cond_acc") or _series(val_metrics, "acc")
     if not full and cond:
         running, full = 1.0, []
         for a in cond:

@@ -1,0 +1,72 @@
+"""Run speculators' real trainer on a CPU-only machine (the lab): ``python -m lab.cpu_shim [train args]``.
+
+speculators 0.9.0 assumes an accelerator in five places; this shim patches exactly those, in memory, and
+then runs ``speculators.train`` unchanged (same CLI, same model, data, loss, checkpointing and resume code):
+
+1. ``trainer.get_local_rank`` returns the local rank as an int, which ``.to()`` reads as a CUDA device
+   -> "cpu".
+2. ``Trainer.device_type`` comes from ``torch.accelerator.current_accelerator()`` and falls back to "cuda"
+   (used for autocast) -> "cpu".
+3. ``torch.accelerator.synchronize`` / ``set_device_index`` fail without an accelerator -> no-ops.
+4. Under torchrun, ``maybe_setup_distributed`` picks the accelerator's backend (NCCL) -> gloo on CPU,
+   same module state afterwards.
+5. ``recovery``'s device lookup -> "cpu".
+
+Two choices that are arguments, not patches, are needed with it: ``--draft-attn-impl sdpa`` (flex attention
+has no CPU backward) and ``--loss-implementation eager`` (the fused loss needs Triton). This module lives
+under the lab payload only; fleets run ``torchrun -m speculators.train`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def patch() -> None:
+    import torch
+    import torch.distributed as dist
+    from speculators.train import distributed, recovery, trainer
+
+    torch.accelerator.synchronize = lambda *a, **k: None
+    torch.accelerator.set_device_index = lambda *a, **k: None
+    trainer.get_local_rank = lambda: "cpu"
+    original_init = trainer.Trainer.__init__
+
+    def init(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 -- wraps the trainer's own signature
+        original_init(self, *args, **kwargs)
+        self.device_type = "cpu"
+
+    trainer.Trainer.__init__ = init
+
+    def setup(sp_size: int = 1) -> None:
+        distributed._local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # noqa: SLF001
+        distributed._is_distributed = "LOCAL_RANK" in os.environ  # noqa: SLF001
+        if not distributed._is_distributed:  # noqa: SLF001
+            return
+        dist.init_process_group("gloo")
+        distributed._rank = dist.get_rank()  # noqa: SLF001
+        distributed._world_size = dist.get_world_size()  # noqa: SLF001
+        distributed._init_sp_process_groups(distributed._rank, distributed._world_size, sp_size)  # noqa: SLF001
+
+    distributed.maybe_setup_distributed = setup
+    if hasattr(recovery, "get_local_rank"):
+        recovery.get_local_rank = lambda: "cpu"
+
+
+def main() -> None:
+    patch()
+    # The CLI imported maybe_setup_distributed by name before we could patch the module attribute.
+    from speculators.train import cli
+
+    if hasattr(cli, "maybe_setup_distributed"):
+        from speculators.train import distributed
+
+        cli.maybe_setup_distributed = distributed.maybe_setup_distributed
+    sys.argv[0] = "speculators.train"
+    runpy.run_module("speculators.train", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

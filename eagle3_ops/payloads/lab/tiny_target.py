@@ -1,0 +1,163 @@
+"""Build the lab's tiny Llama target model locally: nothing is downloaded.
+
+A byte-level BPE tokenizer is trained with the ``tokenizers`` library on the bundled corpus, and a small
+``LlamaForCausalLM`` starts from random weights (fixed seed) and is trained briefly on the corpus's
+conversations (loss on the replies). A random network is useless as a lab target: its logits are nearly
+uniform (a drafter stays near 1 % accuracy) and, sharpened, its greedy output falls into the same loop for
+every prompt. The briefly trained one answers each prompt confidently and differently, like a real target.
+``--sharpen`` can still scale the output head on top.
+
+The directory is written under a temporary name and renamed into place when complete, with the build
+arguments in ``eagle3_lab_target.json``; a rerun with the same arguments leaves it alone (exit 0, "unchanged").
+
+Usage: python3 -m lab.tiny_target --corpus prompts.jsonl --out /srv/eagle3/models/tiny-llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+MARKER = "eagle3_lab_target.json"
+# A chat template small enough to read: the server and the data stage both format turns with it.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL = ["<|pad|>", "<|bos|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def read_corpus(path: str) -> list[tuple[str, str]]:
+    pairs = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                row = json.loads(line)
+                if not isinstance(row.get("prompt"), str) or not isinstance(row.get("reply"), str):
+                    raise SystemExit(f"{path}:{n} needs string fields 'prompt' and 'reply'")
+                pairs.append((row["prompt"], row["reply"]))
+    if not pairs:
+        raise SystemExit(f"{path} is empty: give a JSONL file of {{'prompt': ..., 'reply': ...}} rows")
+    return pairs
+
+
+def build_tokenizer(texts: list[str], vocab_size: int, out: str) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>",
+                                   pad_token="<|pad|>")  # fmt: skip
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def encode_pairs(tok: object, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
+    """Each conversation as token ids and the index where the reply starts."""
+    rows = []
+    for prompt, reply in pairs:
+        head = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                       tokenize=True)  # fmt: skip
+        head = list(head["input_ids"] if hasattr(head, "keys") else head)
+        rows.append((head + tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id], len(head)))
+    return rows
+
+
+def build_model(out: str, tok: object, pairs: list[tuple[str, str]], args: argparse.Namespace) -> float:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab_size = len(tok)
+    torch.manual_seed(args.seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=args.hidden * 2,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.max_positions, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="float32",
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    rows = encode_pairs(tok, pairs)
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    for i, (row, start) in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        labels[i, start : len(row)] = torch.tensor(row[start:])
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    gen = torch.Generator().manual_seed(args.seed)
+    loss = torch.tensor(float("nan"))
+    model.train()
+    for _ in range(args.steps):
+        pick = torch.randint(0, len(rows), (min(args.batch, len(rows)),), generator=gen)
+        loss = model(input_ids=ids[pick], labels=labels[pick]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(args.sharpen)
+    model.save_pretrained(out, safe_serialization=True)
+    return float(loss.detach())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tiny_target", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--corpus", required=True, help="JSONL of {prompt, reply} the tokenizer and model learn")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--vocab-size", type=int, default=512)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--max-positions", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=300, help="training steps on the corpus")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--sharpen", type=float, default=1.0, help="scale of the output head after training")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    wanted = {k: v for k, v in vars(args).items() if k != "out"}
+    wanted["corpus"] = os.path.basename(args.corpus)
+    marker = os.path.join(args.out, MARKER)
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as fh:
+            if json.load(fh) == wanted:
+                print("unchanged")
+                return 0
+    parent = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tiny-target-", dir=parent)
+    try:
+        pairs = read_corpus(args.corpus)
+        build_tokenizer([t for pair in pairs for t in pair], args.vocab_size, tmp)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tmp)
+        vocab = len(tok)
+        final_loss = build_model(tmp, tok, pairs, args)
+        with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as fh:
+            json.dump(wanted, fh, indent=1)
+        os.chmod(tmp, 0o755)
+        if os.path.exists(args.out):
+            shutil.rmtree(args.out)
+        os.rename(tmp, args.out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"built {args.out} (vocab {vocab}, {args.layers} layers, hidden {args.hidden}, "
+          f"final training loss {final_loss:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

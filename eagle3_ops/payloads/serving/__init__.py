@@ -1,0 +1,1 @@
+"""Serving payloads: the lab's CPU EAGLE-3 reference engine and the benchmark client."""

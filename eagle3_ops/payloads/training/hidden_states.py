@@ -1,0 +1,96 @@
+"""Extract the target's hidden states for EAGLE-3 training, resumably: one ``hs_{i}.safetensors`` per row.
+
+For row ``i`` of the prepared dataset (a ``datasets`` directory written by ``speculators prepare-data``),
+the file holds ``hidden_states`` ``[L, n_aux + 1, hidden]`` - the outputs of the auxiliary decoder layers,
+then the last decoder layer's output *before* the final norm, which is what speculators' trainer expects -
+and ``token_ids`` ``[L]`` equal to the row's ``input_ids``. Layer id ``k`` is the output of decoder layer
+``k`` (forward hooks, so the final norm is never applied). Each file is written under a temporary name,
+fsynced and renamed, so a crash leaves only complete files; a rerun skips rows whose file is complete and
+matches the row's tokens. Progress goes to stderr as ``[hidden] done/total``.
+
+This is the transformers path for targets vLLM cannot serve here (the lab's CPU); on a GPU fleet
+speculators' own ``data_generation`` with vLLM writes the same layout.
+
+Usage: python3 -m training.hidden_states --target DIR --data DATASET_DIR --layers 0 1 2 [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def _complete(path: str, ids: list[int]) -> bool:
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "pt") as fh:
+            return torch.equal(fh.get_tensor("token_ids"), torch.tensor(ids, dtype=torch.long))
+    except Exception:  # noqa: BLE001 -- any unreadable file is simply redone
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hidden_states", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--data", required=True, help="dataset directory from speculators prepare-data")
+    ap.add_argument("--out", help="default: DATA/hidden_states")
+    ap.add_argument("--layers", type=int, nargs="+", required=True, help="auxiliary layer ids")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    ap.add_argument("--progress-every", type=int, default=50)
+    args = ap.parse_args(argv)
+    import torch
+    from datasets import load_from_disk
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    out_dir = args.out or os.path.join(args.data, "hidden_states")
+    os.makedirs(out_dir, exist_ok=True)
+    data = load_from_disk(args.data)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32 if device == "cpu" else dtype)
+    model.to(device).eval()
+    layers = model.model.layers
+    if any(not 0 <= k < len(layers) - 1 for k in args.layers):
+        raise SystemExit(f"--layers {args.layers}: aux layer ids must lie in 0..{len(layers) - 2} for this "
+                         f"{len(layers)}-layer target (the last layer is always captured)")  # fmt: skip
+    captured: dict[int, torch.Tensor] = {}
+    wanted = [*args.layers, len(layers) - 1]
+    for k in set(wanted):
+        def hook(_m, _i, out, k=k):  # noqa: ANN001 -- torch hook signature
+            captured[k] = (out[0] if isinstance(out, tuple) else out)[0]
+
+        layers[k].register_forward_hook(hook)
+    total = len(data)
+    done = skipped = 0
+    started = time.monotonic()
+    with torch.no_grad():
+        for i in range(total):
+            ids = [int(t) for t in data[i]["input_ids"]]
+            path = os.path.join(out_dir, f"hs_{i}.safetensors")
+            if os.path.exists(path) and _complete(path, ids):
+                skipped += 1
+                continue
+            model(input_ids=torch.tensor([ids], device=device))
+            hs = torch.stack([captured[k] for k in wanted], dim=1).to(dtype).cpu().contiguous()
+            tmp = f"{path}.tmp"
+            save_file({"hidden_states": hs, "token_ids": torch.tensor(ids, dtype=torch.long)}, tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            done += 1
+            if done % args.progress_every == 0:
+                rate = done / max(time.monotonic() - started, 1e-6)
+                print(f"[hidden] {done + skipped}/{total} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
+    print(f"[hidden] {total}/{total} done ({done} extracted, {skipped} already complete)", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

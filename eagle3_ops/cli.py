@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -14,10 +15,50 @@ EXIT_UNREACHABLE = 4  # some host could not be reached
 EXIT_USAGE = 64
 
 
+def progress_bar(done: float, total: float, width: int = 24) -> str:
+    frac = 0.0 if total <= 0 else max(0.0, min(1.0, done / total))
+    filled = round(frac * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {frac:4.0%}"
+
+
+def wait_line(task: str, stdout: str) -> str | None:
+    """A progress line for a poll of a long stage: training epochs (the monitor's JSON sample) or a data job."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    sample = next((line for line in reversed(lines) if line.startswith("{")), None)
+    if sample:
+        try:
+            s = json.loads(sample)
+        except ValueError:
+            s = {}
+        if s.get("epochs"):
+            gpus = s.get("gpus") or []
+            power = sum(g.get("power_draw") or 0 for g in gpus)
+            limit = sum(g.get("power_limit") or 0 for g in gpus)
+            extra = f" {power:.0f}/{limit:.0f} W" if gpus else ""
+            tps = f" {s['tokens_per_s']:.0f} tok/s" if s.get("tokens_per_s") else ""
+            return (f"{progress_bar(s['epoch'] - 1, s['epochs'])} epoch {s['epoch']}/{s['epochs']} "
+                    f"step {s.get('step', '-')}{tps} (attempt {s.get('attempt')}, "
+                    f"total_seq_len {s.get('total_seq_len')}){extra}")  # fmt: skip
+        if s.get("attempt"):
+            return f"attempt {s['attempt']}, total_seq_len {s.get('total_seq_len')}: starting"
+    tail = lines[-1] if lines else ""
+    if tail.startswith("[") and "/" in tail:  # "[regen] 40/160 (8.4/s)", "[hidden] 150/160 ..."
+        head, _, rest = tail.partition(" ")
+        done, _, total = rest.split(" ")[0].partition("/")
+        if done.isdigit() and total.isdigit():
+            return f"{progress_bar(int(done), int(total))} {head} {rest}"
+    return None
+
+
 def _progress(event: dict[str, Any]) -> None:
-    """One line per finished task and host, like a terse ansible-playbook."""
+    """One line per finished task and host, like a terse ansible-playbook; a live line for long stages."""
     data = event.get("event_data", {})
     kind = event.get("event", "")
+    if kind == "runner_retry":
+        line = wait_line(data.get("task", ""), str(data.get("res", {}).get("stdout", "")))
+        if line:
+            print(f"  {data.get('host', '?'):<14} {line}", flush=True)
+        return
     marks = {
         "runner_on_ok": "ok",
         "runner_on_failed": "FAILED",
@@ -82,8 +123,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def render_status(rows: dict[str, dict[str, Any]]) -> str:
-    """One line per container: state, GPUs (memory used/total, power, utilisation), training attempt."""
-    header = f"{'HOST':<16}{'STATE':<13}{'GPUS':>5}  {'MEMORY USED/TOTAL':<22}{'POWER':<14}{'UTIL':<7}TRAINING"
+    """One line per container: state, GPUs (memory used/total, power, utilisation), training job, served draft."""
+    header = (f"{'HOST':<16}{'STATE':<13}{'GPUS':>5}  {'MEMORY USED/TOTAL':<22}{'POWER':<14}{'UTIL':<7}"
+              f"{'TRAINING':<44}SERVING")  # fmt: skip
     lines = [header]
     for host in sorted(rows):
         row = rows[host]
@@ -94,12 +136,23 @@ def render_status(rows: dict[str, dict[str, Any]]) -> str:
         limit = sum(g.get("power_limit") or 0 for g in gpus)
         util = sum(g.get("utilization_gpu") or 0 for g in gpus) / len(gpus) if gpus else 0
         train = row.get("training") or {}
-        job = (f"attempt {train.get('n')} seq {train.get('total_seq_len')}: {train.get('cause')}"
-               if train else "-")  # fmt: skip
+        job = "-"
+        if train:
+            where = (f" epoch {train['epoch']}/{train['epochs']} step {train.get('step', '-')}"
+                     if train.get("epochs") else "")  # fmt: skip
+            state = "done" if train.get("result") else train.get("cause")
+            job = f"#{train.get('attempt', train.get('n'))} seq {train.get('total_seq_len')} {state}{where}"
+        serving = row.get("serving") or {}
+        served = "-"
+        if serving:
+            name = str(serving.get("draft") or "no draft").rstrip("/").rsplit("/", 1)[-1]
+            accept = serving.get("accept_length")
+            served = (f"{name} x{serving.get('draft_tokens')} accept {accept:.2f}" if isinstance(accept, (int, float))
+                      else f"{name} x{serving.get('draft_tokens') or '-'}")  # fmt: skip
         memory = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if gpus else "-"
         watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
         lines.append(f"{host:<16}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
-                     f"{(f'{util:.0f}%' if gpus else '-'):<7}{job}")  # fmt: skip
+                     f"{(f'{util:.0f}%' if gpus else '-'):<7}{job:<44}{served}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -113,7 +166,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows[host] = {"state": "unreachable"}
         elif event.get("event") == "runner_on_ok" and data.get("task") == "Report the status":
             msg = data.get("res", {}).get("msg", {})
-            rows[host] = {"state": "running", "gpus": msg.get("gpus"), "training": msg.get("training")}
+            rows[host] = {"state": "running", "gpus": msg.get("gpus"), "training": msg.get("training"),
+                          "serving": msg.get("serving")}
 
     result = run_playbook("status.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
                           limit=args.limit, on_event=collect)  # fmt: skip
@@ -128,6 +182,21 @@ def cmd_playbook(playbook: str):
         return _run(args, playbook)
 
     return run
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    extra: dict[str, Any] = {"draft_tokens": args.draft_tokens}
+    if args.topk is not None:
+        extra["speculative_topk"] = args.topk
+    if args.steps is not None:
+        extra["speculative_steps"] = args.steps
+    if args.no_speculation:
+        extra["speculative"] = False
+    return _run(args, "deploy.yml", extra)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return _run(args, "bench.yml", {"bench_draft_tokens": args.draft_tokens} if args.draft_tokens else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,7 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup.set_defaults(func=cmd_playbook("cleanup.yml"))
     provision = sub.add_parser("provision", parents=[common], help="converge containers through the API")
     provision.set_defaults(func=cmd_playbook("provision.yml"))
-    status = sub.add_parser("status", parents=[common], help="one table for the fleet: GPUs and training jobs")
+    train = sub.add_parser("train", parents=[common], help="data, hidden states, training, export check (train.yml)")
+    train.set_defaults(func=cmd_playbook("train.yml"))
+    deploy = sub.add_parser("deploy", parents=[common], help="serve the drafter with SGLang EAGLE-3 (deploy.yml)")
+    deploy.add_argument("--draft-tokens", type=int, default=16, help="tokens verified per step (chain: steps + 1)")
+    deploy.add_argument("--topk", type=int, help="tree drafting: branching per step (with --steps)")
+    deploy.add_argument("--steps", type=int, help="tree drafting: depth (with --topk)")
+    deploy.add_argument("--no-speculation", action="store_true", help="serve the target alone")
+    deploy.set_defaults(func=cmd_deploy)
+    bench = sub.add_parser("bench", parents=[common], help="sweep draft tokens plus a baseline; report (bench.yml)")
+    bench.add_argument("--draft-tokens", type=int, nargs="+", help="values to sweep (default 16 10 5)")
+    bench.set_defaults(func=cmd_bench)
+    status = sub.add_parser("status", parents=[common], help="one table for the fleet: GPUs, training, serving")
     status.set_defaults(func=cmd_status)
     return parser
 

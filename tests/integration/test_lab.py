@@ -141,7 +141,7 @@ def test_invalid_vmid_and_unknown_options(lab):
 def scratch_ct(lab):
     vmid = "191"
     pct("destroy", vmid, "--force", "1", check=False)
-    pct("create", vmid, "local:vztmpl/debian-12-eagle3lab_amd64.tar", "--hostname", "scratch", "--memory", "1024")
+    pct("create", vmid, "local:vztmpl/debian-12-eagle3lab-v2_amd64.tar", "--hostname", "scratch", "--memory", "1024")
     yield vmid
     pct("destroy", vmid, "--force", "1", check=False)
 
@@ -149,7 +149,7 @@ def scratch_ct(lab):
 def test_status_transitions_and_stopped_errors(scratch_ct, tmp_path):
     vmid = scratch_ct
     assert pct("status", vmid).stdout.strip() == "status: stopped"
-    proc = pct("create", vmid, "local:vztmpl/debian-12-eagle3lab_amd64.tar", check=False)
+    proc = pct("create", vmid, "local:vztmpl/debian-12-eagle3lab-v2_amd64.tar", check=False)
     assert (proc.returncode, proc.stderr.strip()) == (255, f"CT {vmid} already exists on node 'pve-lab'")
 
     proc = pct("exec", vmid, "--", "true", check=False)

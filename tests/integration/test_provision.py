@@ -13,7 +13,7 @@ from tests.conftest import LAB_STATE, ROOT, SHARED, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 VMIDS = ("171", "172", "173")
-TEMPLATE = "local:vztmpl/debian-12-eagle3lab_amd64.tar"
+TEMPLATE = "local:vztmpl/debian-12-eagle3lab-v2_amd64.tar"
 
 
 def inventory(

@@ -35,7 +35,7 @@ def test_down_removes_exactly_the_lab_then_up_is_quick(lab):
         assert subprocess.run(["pgrep", "-f", "/var/lib/eagle3-lab/sshd"], check=False).returncode == 1
         assert shutil.which("lxc-start")  # packages stay
         # The template cache stays, so the next `up` does not debootstrap again.
-        assert Path("/var/cache/eagle3-lab/vztmpl/debian-12-eagle3lab_amd64.tar").exists()
+        assert Path("/var/cache/eagle3-lab/vztmpl/debian-12-eagle3lab-v2_amd64.tar").exists()
 
         again = run_playbook("lab.yml", "-e", "lab_state=absent")
         assert recap(again.stdout)["lab-host"]["changed"] == 0

@@ -1,8 +1,10 @@
-"""The status table of eagle3-ops."""
+"""The status table and the progress lines of eagle3-ops."""
 
 from __future__ import annotations
 
-from eagle3_ops.cli import build_parser, render_status
+import json
+
+from eagle3_ops.cli import build_parser, progress_bar, render_status, wait_line
 
 
 def test_status_table():
@@ -10,18 +12,36 @@ def test_status_table():
         "ct129": {"state": "running", "gpus": [
             {"memory_used": 30003, "memory_total": 97887, "power_draw": 462.5, "power_limit": 600.0,
              "utilization_gpu": 95}] * 4,
-            "training": {"n": 3, "total_seq_len": 16384, "cause": "running"}},
-        "ct130": {"state": "unreachable"},
+            "training": {"attempt": 3, "total_seq_len": 16384, "cause": "running", "epoch": 2, "epochs": 5,
+                         "step": 812, "result": False}},
+        "ct130": {"state": "running", "gpus": [], "training": None,
+                  "serving": {"draft": "/srv/eagle3/drafts/kimi-eagle3", "draft_tokens": 16, "accept_length": 2.947}},
+        "ct131": {"state": "unreachable"},
     }  # fmt: skip
     lines = render_status(rows).splitlines()
-    assert lines[0].split()[:3] == ["HOST", "STATE", "GPUS"]
+    assert lines[0].split() == ["HOST", "STATE", "GPUS", "MEMORY", "USED/TOTAL", "POWER", "UTIL", "TRAINING", "SERVING"]
     assert lines[1].split()[:3] == ["ct129", "running", "4"]
     assert "117.2/382.4 GiB" in lines[1] and "1850/2400 W" in lines[1] and "95%" in lines[1]
-    assert "attempt 3 seq 16384: running" in lines[1]
-    assert lines[2].split() == ["ct130", "unreachable", "0", "-", "-", "-", "-"]
+    assert "#3 seq 16384 running epoch 2/5 step 812" in lines[1] and lines[1].rstrip().endswith("-")
+    assert lines[2].rstrip().endswith("kimi-eagle3 x16 accept 2.95")
+    assert lines[3].split() == ["ct131", "unreachable", "0", "-", "-", "-", "-", "-"]
+
+
+def test_progress_lines():
+    assert progress_bar(3, 12, width=12) == "[###.........]  25%"
+    sample = {"attempt": 2, "total_seq_len": 512, "epoch": 4, "epochs": 12, "step": 40, "tokens_per_s": 3590.0,
+              "gpus": [{"power_draw": 250.0, "power_limit": 600.0}]}  # fmt: skip
+    line = wait_line("Wait", "ActiveState=active\nNRestarts=0\n" + json.dumps(sample))
+    assert line is not None and "epoch 4/12 step 40 3590 tok/s (attempt 2, total_seq_len 512) 250/600 W" in line
+    regen = wait_line("Wait", "ActiveState=active\n[regen] 40/160 (8.4/s)")
+    assert regen == "[######..................]  25% [regen] 40/160 (8.4/s)"
+    assert wait_line("Wait", "ActiveState=active\nResult=success") is None
 
 
 def test_parser_has_the_commands():
     parser = build_parser()
-    for argv in (["lab", "up"], ["cleanup", "-l", "trainers", "--check"], ["provision", "-i", "x"], ["status"]):
+    for argv in (["lab", "up"], ["cleanup", "-l", "trainers", "--check"], ["provision", "-i", "x"], ["status"],
+                 ["train"], ["deploy", "--draft-tokens", "10"], ["bench", "--draft-tokens", "16", "5"]):
         assert parser.parse_args(argv).func
+    args = parser.parse_args(["deploy", "--topk", "4", "--steps", "3", "--draft-tokens", "8"])
+    assert (args.topk, args.steps, args.draft_tokens) == (4, 3, 8)

@@ -46,6 +46,12 @@ def test_tau():
     assert metrics.tau_from_full([0.747, 0.55, 0.4]) == pytest.approx(2.697)
     assert metrics.tau_from_conditional([0.8, 0.5]) == pytest.approx(1 + 0.8 + 0.4)
     assert metrics.tau_constant(0.5, 3) == pytest.approx((1 - 0.5**4) / 0.5)
+    # speculators 0.9 writes val_metrics.json keys with an _epoch suffix and cond_acc for per-step accuracy
+    real = {"loss_0_epoch": 1.9, "full_acc_0_epoch": 0.63, "cond_acc_0_epoch": 0.63, "full_acc_1_epoch": 0.32,
+            "cond_acc_1_epoch": 0.51, "full_acc_2_epoch": 0.14, "cond_acc_2_epoch": 0.42, "loss_epoch": 6.4}
+    got = metrics.epoch_summary(real)
+    assert got["full_accuracy"] == [0.63, 0.32, 0.14] and got["step_accuracy"] == [0.63, 0.51, 0.42]
+    assert got["tau"] == pytest.approx(2.09)
     summary = metrics.epoch_summary({"full_acc_0": 0.7, "full_acc_1": 0.5, "acc_0": 0.7, "acc_1": 0.71, "loss": 2})
     assert summary["tau"] == pytest.approx(2.2) and summary["step_accuracy"] == [0.7, 0.71]
 

@@ -15,6 +15,10 @@ then runs ``speculators.train`` unchanged (same CLI, same model, data, loss, che
 Two choices that are arguments, not patches, are needed with it: ``--draft-attn-impl sdpa`` (flex attention
 has no CPU backward) and ``--loss-implementation eager`` (the fused loss needs Triton). This module lives
 under the lab payload only; fleets run ``torchrun -m speculators.train`` directly.
+
+Fault injection for the lab (a CPU has no GPU memory to run out of): with ``EAGLE3_LAB_OOM_ABOVE=N`` in the
+environment, a run whose ``--total-seq-len`` is above N dies the way a GPU run does, with
+``torch.OutOfMemoryError`` ("CUDA out of memory") before its first step.
 """
 
 from __future__ import annotations
@@ -34,28 +38,43 @@ def patch() -> None:
     trainer.get_local_rank = lambda: "cpu"
     original_init = trainer.Trainer.__init__
 
-    def init(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 -- wraps the trainer's own signature
+    def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         self.device_type = "cpu"
 
     trainer.Trainer.__init__ = init
 
     def setup(sp_size: int = 1) -> None:
-        distributed._local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # noqa: SLF001
-        distributed._is_distributed = "LOCAL_RANK" in os.environ  # noqa: SLF001
-        if not distributed._is_distributed:  # noqa: SLF001
+        distributed._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        distributed._is_distributed = "LOCAL_RANK" in os.environ
+        if not distributed._is_distributed:
             return
         dist.init_process_group("gloo")
-        distributed._rank = dist.get_rank()  # noqa: SLF001
-        distributed._world_size = dist.get_world_size()  # noqa: SLF001
-        distributed._init_sp_process_groups(distributed._rank, distributed._world_size, sp_size)  # noqa: SLF001
+        distributed._rank = dist.get_rank()
+        distributed._world_size = dist.get_world_size()
+        distributed._init_sp_process_groups(distributed._rank, distributed._world_size, sp_size)
 
     distributed.maybe_setup_distributed = setup
     if hasattr(recovery, "get_local_rank"):
         recovery.get_local_rank = lambda: "cpu"
 
 
+def inject_oom() -> None:
+    limit = os.environ.get("EAGLE3_LAB_OOM_ABOVE")
+    if not limit or "--total-seq-len" not in sys.argv:
+        return
+    total = int(sys.argv[sys.argv.index("--total-seq-len") + 1])
+    if total > int(limit):
+        import torch
+
+        raise torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {total * 6 / 1024:.2f} GiB (lab fault injection: "
+            f"total_seq_len {total} > EAGLE3_LAB_OOM_ABOVE={limit})"
+        )
+
+
 def main() -> None:
+    inject_oom()
     patch()
     # The CLI imported maybe_setup_distributed by name before we could patch the module attribute.
     from speculators.train import cli

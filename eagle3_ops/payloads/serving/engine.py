@@ -331,7 +331,7 @@ class Engine:
             n_ok = 0
             while n_ok < len(drafts) and drafts[n_ok] == greedy[n_ok] and drafts[n_ok] != self.eos:
                 n_ok += 1
-            new = (drafts[:n_ok] + [greedy[n_ok]])[: max_new - len(out)]
+            new = [*drafts[:n_ok], greedy[n_ok]][: max_new - len(out)]
             if self.eos in new:
                 new = new[: new.index(self.eos) + 1]
             # Keep the target cache and the features of the accepted positions only.

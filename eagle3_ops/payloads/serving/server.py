@@ -85,7 +85,7 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 raise BadRequest("the request body must be a JSON object")
             return body
 
-        def do_GET(self) -> None:  # noqa: N802 -- http.server's naming
+        def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == "/health":
                 self._send(200, b"", "text/plain")
@@ -100,7 +100,7 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
             else:
                 self._send(404, {"error": {"message": f"no route {path}"}})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             path = self.path.split("?")[0]
             try:
                 body = self._body()
@@ -137,7 +137,8 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 "e2e_latency": time.monotonic() - t0}})  # fmt: skip
 
         def _openai(self, body: dict[str, Any], chat: bool) -> None:
-            max_new = self._params(body.get("temperature", 0), body.get("max_tokens", body.get("max_completion_tokens")))
+            limit = body.get("max_tokens", body.get("max_completion_tokens"))
+            max_new = self._params(body.get("temperature", 0), limit)
             if chat:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
@@ -196,6 +197,7 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
         state: dict[str, Any] = {"requests": engine.stats.requests, "generated_tokens": engine.stats.generated}
         if engine.draft is not None:
             state.update(avg_spec_accept_length=engine.stats.accept_length(), spec_verify_ct=engine.stats.verify_steps,
+                         spec_accepted_drafts=engine.stats.accepted_drafts,
                          draft_aux_layer_ids=engine.draft_info["aux_layer_ids"],
                          draft_dropped_keys=len(engine.draft_info["dropped"]))  # fmt: skip
         return {"version": "eagle3-ops-reference", "engine": "reference", "model_path": args.model_path,

@@ -80,3 +80,42 @@ def ladder_from(start: int, floor: int = 1024) -> list[int]:
 def died_of_oom(returncode: int, log_tail: str) -> bool:
     """A failed run whose log shows an allocation failure (a SIGKILL alone may be the host's OOM killer)."""
     return returncode != 0 and bool(OOM_PATTERNS.search(log_tail))
+
+
+def shapes_from_configs(target: dict, draft_vocab: int | None, ttt_steps: int) -> Shapes:
+    """Draft shapes for a verifier config.json (the draft copies the verifier's layer shape)."""
+    text = target.get("text_config") or target
+    heads = int(text["num_attention_heads"])
+    return Shapes(hidden=int(text["hidden_size"]), intermediate=int(text["intermediate_size"]), heads=heads,
+                  kv_heads=int(text.get("num_key_value_heads") or heads),
+                  draft_vocab=int(draft_vocab or text["vocab_size"]), target_vocab=int(text["vocab_size"]),
+                  ttt_steps=ttt_steps)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m training.budget``: the starting total_seq_len for a target and a GPU, as JSON."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="budget", description="Starting total_seq_len from a memory estimate.")
+    ap.add_argument("--target-config", required=True, help="the verifier's config.json")
+    ap.add_argument("--gpu-memory-mib", type=int, required=True, help="memory of one GPU (nvidia-smi memory.total)")
+    ap.add_argument("--draft-vocab", type=int)
+    ap.add_argument("--ttt-steps", type=int, default=3)
+    ap.add_argument("--headroom", type=float, default=0.15)
+    ap.add_argument("--max", type=int, default=32768, help="never start above this budget")
+    args = ap.parse_args(argv)
+    with open(args.target_config, encoding="utf-8") as fh:
+        shapes = shapes_from_configs(json.load(fh), args.draft_vocab, args.ttt_steps)
+    try:
+        start = min(estimate_total_seq_len(shapes, args.gpu_memory_mib * 1024**2, args.headroom), args.max)
+    except ValueError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 1
+    print(json.dumps({"total_seq_len": start, "estimate_gib": round(estimate_memory(shapes, start) / GIB, 1),
+                      "gpu_gib": round(args.gpu_memory_mib / 1024, 1)}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.target)
-    kept = empty = 0
+    kept = empty = tokens = 0
     tmp = args.out + ".tmp"
     with open(args.responses, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
         for n, line in enumerate(src, 1):
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             prompt = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
             prompt_ids = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-            reply_ids = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
+            reply_ids = [*tok.encode(reply, add_special_tokens=False), tok.eos_token_id]
             ids = (prompt_ids + reply_ids)[: args.max_len]
             mask = ([0] * len(prompt_ids) + [1] * len(reply_ids))[: args.max_len]
             if sum(mask) == 0:
@@ -54,10 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             dst.write(json.dumps({"id": row["id"], "input_ids": ids, "loss_mask": mask}) + "\n")
             kept += 1
+            tokens += len(ids)
         dst.flush()
         os.fsync(dst.fileno())
     os.replace(tmp, args.out)
-    print(f"{kept} rows written to {args.out}, {empty} empty replies dropped")
+    with open(args.out + ".summary.json", "w", encoding="utf-8") as fh:
+        json.dump({"rows": kept, "tokens": tokens, "empty": empty}, fh)
+    print(f"{kept} rows ({tokens} tokens) written to {args.out}, {empty} empty replies dropped")
     return 0 if kept else 1
 
 

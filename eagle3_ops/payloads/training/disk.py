@@ -36,3 +36,33 @@ def check(path: str, needed: int) -> DiskCheck:
         probe = os.path.dirname(probe) or "/"
     st = os.statvfs(probe)
     return DiskCheck(needed, st.f_bavail * st.f_frsize, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m training.disk``: print the check as JSON; exit 1 (with the numbers) when it does not fit."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="disk", description="Disk preflight for hidden-state extraction.")
+    ap.add_argument("--path", required=True)
+    ap.add_argument("--samples", type=int, required=True)
+    ap.add_argument("--mean-tokens", type=float, required=True)
+    ap.add_argument("--hidden", type=int, required=True)
+    ap.add_argument("--aux-layers", type=int, default=3)
+    ap.add_argument("--dtype-bytes", type=int, default=2)
+    ap.add_argument("--already", type=int, default=0, help="bytes already written by an earlier run")
+    args = ap.parse_args(argv)
+    needed = max(0, hidden_state_bytes(args.samples, args.mean_tokens, args.hidden, args.aux_layers,
+                                       args.dtype_bytes) - args.already)  # fmt: skip
+    result = check(args.path, needed)
+    print(json.dumps({"needed": result.needed, "free": result.free, "path": result.path, "fits": result.fits,
+                      "message": "" if result.fits else result.message()}))  # fmt: skip
+    if not result.fits:
+        print(result.message(), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

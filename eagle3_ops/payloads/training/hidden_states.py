@@ -17,19 +17,23 @@ Usage: python3 -m training.hidden_states --target DIR --data DATASET_DIR --layer
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
 
-def _complete(path: str, ids: list[int]) -> bool:
+def _complete(path: str, ids: list[int], layers: str) -> bool:
+    """A file from an earlier run counts only for the same tokens and the same layers."""
     import torch
     from safetensors import safe_open
 
     try:
         with safe_open(path, "pt") as fh:
-            return torch.equal(fh.get_tensor("token_ids"), torch.tensor(ids, dtype=torch.long))
-    except Exception:  # noqa: BLE001 -- any unreadable file is simply redone
+            return (fh.metadata() or {}).get("layers") == layers and torch.equal(
+                fh.get_tensor("token_ids"), torch.tensor(ids, dtype=torch.long)
+            )
+    except Exception:
         return False
 
 
@@ -51,19 +55,23 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = args.out or os.path.join(args.data, "hidden_states")
     os.makedirs(out_dir, exist_ok=True)
+    marker = os.path.join(out_dir, "COMPLETE.json")
+    if os.path.exists(marker):
+        os.unlink(marker)  # this run decides again
     data = load_from_disk(args.data)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32 if device == "cpu" else dtype)
     model.to(device).eval()
     layers = model.model.layers
-    if any(not 0 <= k < len(layers) - 1 for k in args.layers):
-        raise SystemExit(f"--layers {args.layers}: aux layer ids must lie in 0..{len(layers) - 2} for this "
+    layer_tag = ",".join(map(str, args.layers))
+    if len(set(args.layers)) != len(args.layers) or any(not 0 <= k < len(layers) - 1 for k in args.layers):
+        raise SystemExit(f"--layers {args.layers}: aux layer ids must be distinct, in 0..{len(layers) - 2} for this "
                          f"{len(layers)}-layer target (the last layer is always captured)")  # fmt: skip
     captured: dict[int, torch.Tensor] = {}
     wanted = [*args.layers, len(layers) - 1]
     for k in set(wanted):
-        def hook(_m, _i, out, k=k):  # noqa: ANN001 -- torch hook signature
+        def hook(_m, _i, out, k=k):
             captured[k] = (out[0] if isinstance(out, tuple) else out)[0]
 
         layers[k].register_forward_hook(hook)
@@ -74,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(total):
             ids = [int(t) for t in data[i]["input_ids"]]
             path = os.path.join(out_dir, f"hs_{i}.safetensors")
-            if os.path.exists(path) and _complete(path, ids):
+            if os.path.exists(path) and _complete(path, ids, layer_tag):
                 skipped += 1
                 continue
             model(input_ids=torch.tensor([ids], device=device))
             hs = torch.stack([captured[k] for k in wanted], dim=1).to(dtype).cpu().contiguous()
             tmp = f"{path}.tmp"
-            save_file({"hidden_states": hs, "token_ids": torch.tensor(ids, dtype=torch.long)}, tmp)
+            save_file({"hidden_states": hs, "token_ids": torch.tensor(ids, dtype=torch.long)}, tmp,
+                      metadata={"layers": layer_tag})
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -89,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                 rate = done / max(time.monotonic() - started, 1e-6)
                 print(f"[hidden] {done + skipped}/{total} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
     print(f"[hidden] {total}/{total} done ({done} extracted, {skipped} already complete)", file=sys.stderr, flush=True)
+    # The marker the role checks to skip this stage: written only after every file is complete.
+    with open(os.path.join(out_dir, "COMPLETE.json"), "w", encoding="utf-8") as fh:
+        json.dump({"samples": total, "layers": args.layers, "dtype": args.dtype,
+                   "dataset_fingerprint": getattr(data, "_fingerprint", None)}, fh)  # fmt: skip
     return 0
 
 

@@ -1,0 +1,96 @@
+"""Filters for SGLang deployments: speculative-decoding arguments derived from draft_tokens, validated."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+DOCUMENTATION = r"""
+name: sglang_speculative_args
+short_description: SGLang EAGLE-3 arguments from draft_tokens (chain) or topk/steps (tree), validated
+description:
+  - Chain mode (topk unset or 1) uses topk 1 and steps = draft_tokens - 1, which is what SGLang forces for chains.
+  - Tree mode needs topk > 1 and steps, and draft_tokens between 2 and topk * steps + 1.
+  - Raises a one-sentence error naming the bad value before anything is started.
+positional: draft_tokens
+options:
+  draft_tokens: {description: Tokens verified per step (the draft's proposals plus one)., type: raw, required: true}
+  topk: {description: Branching per step (tree mode when above 1)., type: raw}
+  steps: {description: Drafting depth (required in tree mode)., type: raw}
+  max_draft_tokens: {description: Upper bound for draft_tokens., type: int, default: 64}
+  context_length: {description: The draft's max_position_embeddings; steps must stay below it., type: int}
+"""
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or value is None:
+        raise AnsibleFilterError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise AnsibleFilterError(f"{name} must be a whole number, got {value!r}")
+        value = int(value)
+    if isinstance(value, str):
+        if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            raise AnsibleFilterError(f"{name} must be an integer, got {value!r}")
+        value = int(value)
+    if not isinstance(value, int):
+        raise AnsibleFilterError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise AnsibleFilterError(f"{name} is {value}; it must be {bound}")
+    return value
+
+
+def sglang_speculative_args(draft_tokens: Any, topk: Any = None, steps: Any = None, max_draft_tokens: int = 64,
+                            context_length: int | None = None) -> dict[str, Any]:  # fmt: skip
+    tokens = _int("draft_tokens", draft_tokens, 2, max_draft_tokens)
+    k = 1 if topk in (None, "") else _int("speculative topk", topk, 1)
+    s = None if steps in (None, "") else _int("speculative steps", steps, 1)
+    if k == 1:
+        if s is not None and s != tokens - 1:
+            raise AnsibleFilterError(
+                f"chain drafting (topk 1) verifies steps + 1 tokens: steps {s} contradicts draft_tokens {tokens}; "
+                f"drop steps or set it to {tokens - 1}"
+            )
+        s, mode = tokens - 1, "chain"
+    else:
+        if s is None:
+            raise AnsibleFilterError(f"tree drafting (topk {k}) needs steps as well: set both topk and steps")
+        if tokens > k * s + 1:
+            raise AnsibleFilterError(
+                f"draft_tokens {tokens} exceeds what a tree of topk {k} and {s} steps proposes ({k * s + 1}); "
+                "lower draft_tokens or raise topk/steps"
+            )
+        mode = "tree"
+    if context_length is not None and s >= int(context_length):
+        raise AnsibleFilterError(f"{s} draft steps do not fit the draft's context of {context_length} positions")
+    argv = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(s), "--speculative-eagle-topk", str(k),
+            "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
+    return {"algorithm": "EAGLE3", "mode": mode, "num_steps": s, "eagle_topk": k, "num_draft_tokens": tokens,
+            "argv": argv}  # fmt: skip
+
+
+BENCH_FIELDS = ("completed", "duration", "total_output_tokens", "output_throughput", "request_throughput",
+                "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+                "accept_length")  # fmt: skip
+
+
+def bench_point(pair: Any, draft_tokens: Any, host: str) -> dict[str, Any]:
+    """One benchmark point from (client result, concurrency): bench_serving's fields, labelled."""
+    result, concurrency = pair
+    if not isinstance(result, dict):
+        raise AnsibleFilterError(f"benchmark output is not a JSON object: {result!r}")
+    point = {k: result.get(k) for k in BENCH_FIELDS}
+    if point["accept_length"] is None:  # older bench_serving names
+        point["accept_length"] = result.get("spec_accept_length") or result.get("avg_spec_accept_length")
+    dt = None if draft_tokens in (None, "", "baseline") else int(draft_tokens)
+    point.update(max_concurrency=int(concurrency), draft_tokens=dt, host=host,
+                 label="baseline" if dt is None else str(dt))
+    return point
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"sglang_speculative_args": sglang_speculative_args, "bench_point": bench_point}

@@ -1,0 +1,81 @@
+"""Speculative arguments derived from draft_tokens, and benchmark points: the filter plugin's table of cases."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
+from sglang import bench_point, sglang_speculative_args
+
+
+@pytest.mark.parametrize(
+    ("draft_tokens", "topk", "steps", "expected"),
+    [
+        (16, None, None, ("chain", 15, 1, 16)),
+        ("10", None, None, ("chain", 9, 1, 10)),  # -e draft_tokens=10 arrives as a string
+        (5, 1, None, ("chain", 4, 1, 5)),
+        (5, 1, 4, ("chain", 4, 1, 5)),
+        (2, None, None, ("chain", 1, 1, 2)),
+        (8.0, None, None, ("chain", 7, 1, 8)),
+        (8, 4, 3, ("tree", 3, 4, 8)),
+        (13, "4", "3", ("tree", 3, 4, 13)),
+        (64, None, None, ("chain", 63, 1, 64)),
+    ],
+)
+def test_derivation(draft_tokens, topk, steps, expected):
+    args = sglang_speculative_args(draft_tokens, topk, steps)
+    assert (args["mode"], args["num_steps"], args["eagle_topk"], args["num_draft_tokens"]) == expected
+    assert args["algorithm"] == "EAGLE3"
+    assert args["argv"] == ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(expected[1]),
+                            "--speculative-eagle-topk", str(expected[2]),
+                            "--speculative-num-draft-tokens", str(expected[3])]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("draft_tokens", "topk", "steps", "message"),
+    [
+        (0, None, None, "draft_tokens is 0; it must be between 2 and 64"),
+        (-3, None, None, "draft_tokens is -3"),
+        (1, None, None, "draft_tokens is 1"),
+        (65, None, None, "it must be between 2 and 64"),
+        (1.5, None, None, "must be a whole number, got 1.5"),
+        ("1.5", None, None, "must be an integer, got '1.5'"),
+        ("abc", None, None, "must be an integer, got 'abc'"),
+        ("", None, None, "must be an integer"),
+        (True, None, None, "must be an integer, got True"),
+        (None, None, None, "must be an integer, got None"),
+        ([16], None, None, "must be an integer"),
+        (16, 4, None, "needs steps as well"),
+        (16, None, 4, "steps 4 contradicts draft_tokens 16"),
+        (16, 2, 3, "exceeds what a tree of topk 2 and 3 steps proposes (7)"),
+        (16, 0, None, "speculative topk is 0"),
+        (16, 2, 0, "speculative steps is 0"),
+    ],
+)
+def test_bad_values_name_the_value(draft_tokens, topk, steps, message):
+    with pytest.raises(AnsibleFilterError, match=None) as err:
+        sglang_speculative_args(draft_tokens, topk, steps)
+    assert message in str(err.value)
+
+
+def test_limits_from_the_draft():
+    with pytest.raises(AnsibleFilterError, match="do not fit the draft's context of 8"):
+        sglang_speculative_args(16, context_length=8)
+    assert sglang_speculative_args(32, max_draft_tokens=32)["num_steps"] == 31
+    with pytest.raises(AnsibleFilterError, match="between 2 and 8"):
+        sglang_speculative_args(9, max_draft_tokens=8)
+
+
+def test_bench_point_labels_and_fields():
+    result = {"output_throughput": 410.5, "median_ttft_ms": 12.0, "spec_accept_length": 2.9, "extra": 1}
+    point = bench_point([result, "4"], "16", "ct130")
+    assert point["max_concurrency"] == 4 and point["draft_tokens"] == 16 and point["label"] == "16"
+    assert point["accept_length"] == 2.9 and "extra" not in point and point["host"] == "ct130"
+    base = bench_point([{"output_throughput": 200.0}, 1], None, "ct130")
+    assert base["draft_tokens"] is None and base["label"] == "baseline"
+    with pytest.raises(AnsibleFilterError, match="not a JSON object"):
+        bench_point(["oops", 1], 16, "h")

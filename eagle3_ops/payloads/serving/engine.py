@@ -249,8 +249,10 @@ class Engine:
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         return self.tokenizer.encode(text or "", add_special_tokens=False)
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, on_tokens=None, speculative: bool = True):
-        """Greedy decoding; yields lists of new token ids (one list per target forward)."""
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, on_tokens=None, speculative: bool = True,
+                 gaps: list[float] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Greedy decoding. ``on_tokens`` gets each target forward's new tokens (streaming); ``gaps``, for plain
+        decoding, collects the margin between the two best logits at every step (to tell ties from bugs)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         limit = int(getattr(self.cfg, "max_position_embeddings", 1 << 30))
@@ -259,10 +261,10 @@ class Engine:
                              f"model's context of {limit}")  # fmt: skip
         with self.lock:
             if self.draft is None or not speculative or self.k < 1:
-                return self._plain(prompt_ids, max_new_tokens, on_tokens)
+                return self._plain(prompt_ids, max_new_tokens, on_tokens, gaps)
             return self._speculative(prompt_ids, max_new_tokens, on_tokens)
 
-    def _plain(self, prompt_ids: list[int], max_new: int, on_tokens) -> dict[str, Any]:
+    def _plain(self, prompt_ids: list[int], max_new: int, on_tokens, gaps: list[float] | None = None) -> dict[str, Any]:
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -270,6 +272,9 @@ class Engine:
         out: list[int] = []
         while len(out) < max_new:
             tok = int(torch.argmax(logits[-1]))
+            if gaps is not None:
+                top2 = torch.topk(logits[-1], 2).values
+                gaps.append(float(top2[0] - top2[1]))
             out.append(tok)
             if on_tokens:
                 on_tokens([tok])

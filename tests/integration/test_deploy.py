@@ -1,0 +1,117 @@
+"""deploy.yml, sglang_serve (validation, unit, idempotence, accept-length gate, rollback), the reference
+engine's losslessness and bench.yml, in the lab (after test_pipeline trained the drafter)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, pct, recap, run_playbook
+
+pytestmark = pytest.mark.lab
+UNIT = "/etc/systemd/system/sglang.service"
+DRAFT = "/srv/eagle3/drafts/tiny-llama-eagle3"
+CHECKPOINT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"
+SERVE = Path(__file__).parent / "playbooks" / "serve.yml"
+
+
+def ct(*argv: str, check: bool = True) -> str:
+    return pct("exec", "130", "--", *argv, check=check).stdout
+
+
+def server_info() -> dict:
+    return json.loads(ct("python3", "-c", "import urllib.request,sys;"
+                         "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:30000/get_server_info').read().decode())"))
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    if pct("exec", "129", "--", "test", "-f", f"{CHECKPOINT}/model.safetensors", check=False).returncode:
+        run_playbook(ROOT / "train.yml", timeout=1800)  # this module alone: train first
+    proc = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=16", timeout=900)
+    assert recap(proc.stdout)["ct130"]["failed"] == 0
+    return proc
+
+
+def test_deploy_serves_the_draft_at_16_tokens(deployed):
+    unit = ct("cat", UNIT)
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.split()[1:] == [
+        "-m", "serving.server", "--model-path", "/srv/eagle3/models/tiny-llama", "--host", "127.0.0.1", "--port",
+        "30000", "--tp-size", "1", "--mem-fraction-static", "0.85", "--speculative-draft-model-path", DRAFT,
+        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "15", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "16",
+    ]  # fmt: skip
+    info = server_info()
+    assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_draft_tokens"] == 16
+    accept = info["internal_states"][0]["avg_spec_accept_length"]
+    assert accept > 1.5 and info["internal_states"][0]["draft_dropped_keys"] == 0
+    assert re.search(r"at 16 draft tokens \(chain\), accept length [\d.]+", deployed.stdout)
+    config = json.loads(ct("cat", f"{DRAFT}/config.json"))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+
+
+def test_an_identical_redeploy_changes_nothing(deployed):
+    again = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=16", timeout=600)
+    assert recap(again.stdout)["ct130"]["changed"] == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "draft_tokens is 0"), ("-3", "draft_tokens is -3"), ("1.5", "must be an integer, got '1.5'"),
+     ("abc", "must be an integer, got 'abc'"), ("500", "draft_tokens is 500; it must be between 2 and 64")],
+)  # fmt: skip
+def test_bad_draft_tokens_are_refused_before_anything_changes(deployed, value, message):
+    before = ct("sha256sum", UNIT)
+    proc = run_playbook(ROOT / "deploy.yml", "-e", f"draft_tokens={value}", check=False, timeout=300)
+    assert recap(proc.stdout)["ct130"]["failed"] == 1 and message in proc.stdout
+    assert recap(proc.stdout)["ct130"]["changed"] == 0 and ct("sha256sum", UNIT) == before
+
+
+def test_an_unrenamed_draft_is_caught_by_the_gate_and_rolled_back(deployed):
+    broken = "/srv/eagle3/drafts/broken-layers0"
+    # SGLang's layout and config, but the weights still say layers.0.*: SGLang would drop them silently.
+    pct("exec", "130", "--", "sh", "-c", 'rm -rf "$1" && mkdir -p "$1" && cp "$2/config.json" "$1/" && '
+        'cp "$3/model.safetensors" "$1/"', "sh", broken, DRAFT, CHECKPOINT)  # fmt: skip
+    before = ct("cat", UNIT)
+    accept_before = server_info()["internal_states"][0]["avg_spec_accept_length"]
+    proc = run_playbook(SERVE, "-e", f"serve_draft={broken}", check=False, timeout=600)
+    assert recap(proc.stdout)["ct130"]["failed"] == 1
+    assert re.search(r"accepts 1\.0\d* tokens per step", proc.stdout) and "layers.0.*" in proc.stdout
+    assert f"Rolled back to the previous unit (previous service restored, healthy, draft {DRAFT})" in proc.stdout
+    assert ct("cat", UNIT) == before
+    info = server_info()
+    assert info["speculative_draft_model_path"] == DRAFT and info["internal_states"][0]["requests"] == 0
+    assert accept_before > 1.5
+    pct("exec", "130", "--", "rm", "-rf", broken)
+
+
+def test_the_reference_engine_is_lossless(deployed):
+    pct("push", "130", str(ROOT / "tests" / "data" / "lossless_check.py"), "/opt/eagle3-ops/lossless_check.py")
+    out = pct("exec", "130", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", "/opt/eagle3-ops/venv/bin/python",
+              "/opt/eagle3-ops/lossless_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
+              "/srv/eagle3/prompts/lab-prompts.jsonl", "5", "64", timeout=900).stdout  # fmt: skip
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["prompts"] == 160 and report["mismatches"] == []
+    assert report["identical"] + len(report["ties"]) == 160 and report["accept_length"] > 1.5
+
+
+def test_bench_sweeps_and_writes_the_report(deployed):
+    proc = run_playbook(ROOT / "bench.yml", timeout=1800)
+    assert recap(proc.stdout)["ct130"]["failed"] == 0
+    report_dir = Path(re.search(r"Report: (\S+)", proc.stdout).group(1).rstrip("'\","))
+    data = json.loads((report_dir / "bench.json").read_text())
+    labels = {(p["label"], p["max_concurrency"]) for p in data["points"]}
+    assert labels == {(label, c) for label in ("baseline", "5", "10", "16") for c in (1, 4)}
+    for p in data["points"]:
+        assert p["completed"] == 12 and p["output_throughput"] > 0
+        if p["draft_tokens"]:
+            assert p["accept_length"] > 1.5 and p["speedup"] is not None
+    assert "| 16 | 1 |" in (report_dir / "bench.md").read_text()
+    assert (report_dir / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    # the sweep ends where deploy.yml's default leaves the service
+    assert server_info()["speculative_num_draft_tokens"] == 16

@@ -1,0 +1,126 @@
+"""The training pipeline in the lab, for real: tiny target, regeneration, hidden states, speculators on CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.conftest import ROOT, pct, recap, run_playbook
+
+pytestmark = pytest.mark.lab
+RUN = "/srv/eagle3/runs/tiny-llama"
+
+
+def ct(*argv: str, check: bool = True) -> str:
+    return pct("exec", "129", "--", *argv, check=check).stdout
+
+
+def read_json(path: str):
+    return json.loads(ct("cat", path))
+
+
+@pytest.fixture(scope="module")
+def trained(lab):
+    proc = run_playbook(ROOT / "train.yml", timeout=1800)
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
+    return proc
+
+
+def test_the_pipeline_trains_a_drafter_that_beats_an_untrained_one(trained):
+    result = json.loads((ROOT / "reports" / "train-ct129.json").read_text())
+    assert result == read_json(f"{RUN}/train/state/result.json")
+    best = result["epochs"][str(result["best_epoch"])]
+    # The untrained drafter's accuracy: speculators' first logged step, measured before any update.
+    log = ct("cat", f"{RUN}/train/state/attempt-1.log")
+    untrained = float(re.search(r"train/full_acc_0=([\d.e+-]+)", log).group(1))
+    assert untrained < 0.05 and best["full_accuracy"][0] > max(0.3, 10 * untrained)
+    assert result["tau"] == pytest.approx(1 + sum(best["full_accuracy"]))
+    assert len(best["full_accuracy"]) == 3 and result["total_seq_len"] == 1024
+    files = ct("ls", f"{RUN}/train/save/checkpoint_best/").split()
+    assert {"model.safetensors", "config.json", "val_metrics.json"} <= set(files)
+    config = read_json(f"{RUN}/train/save/checkpoint_best/config.json")
+    assert (config["norm_before_fc"], config["norm_output"], config["norm_before_residual"]) == (False, False, False)
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert "tau:" in trained.stdout and "export would rename 10 keys" in trained.stdout
+    # the export check wrote nothing
+    assert pct("exec", "129", "--", "test", "-e", "/srv/eagle3/drafts/tiny-llama-eagle3", check=False).returncode
+
+
+def test_a_second_run_skips_every_stage(trained):
+    again = run_playbook(ROOT / "train.yml", timeout=900)
+    assert recap(again.stdout)["ct129"] == {**recap(again.stdout)["ct129"], "changed": 0, "failed": 0}
+
+
+def test_the_data_stage_resumes_without_duplicates(trained):
+    path = f"{RUN}/data/responses.jsonl"
+    full = ct("cat", path).splitlines(keepends=True)
+    kept = "".join(full[:100])
+    # An interrupted run: 100 complete lines and a torn one.
+    pct("exec", "129", "--", "sh", "-c", 'head -n 100 "$1" > "$1.cut" && printf %s "{\\"id\\": \\"p01" >> "$1.cut" '
+        '&& mv "$1.cut" "$1"', "sh", path)  # fmt: skip
+    proc = run_playbook(ROOT / "train.yml", "--tags", "data", timeout=900)
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-2000:]
+    now = ct("cat", path)
+    ids = [json.loads(line)["id"] for line in now.splitlines()]
+    assert len(ids) == 160 and len(set(ids)) == 160 and now.startswith(kept)
+    assert "60 to go" in ct("cat", f"{RUN}/data/logs/regen.log")
+
+
+def test_the_disk_preflight_refuses_with_the_numbers(trained):
+    before = ct("sha256sum", f"{RUN}/data/responses.jsonl")
+    proc = run_playbook(ROOT / "train.yml", "--tags", "data", "-e", '{"eagle3_data_mean_tokens": 100000000000}',
+                        "-e", "eagle3_data_dir=/srv/eagle3/runs/disk-test/data", check=False, timeout=600)  # fmt: skip
+    assert recap(proc.stdout)["ct129"]["failed"] == 1
+    assert re.search(r"hidden states need [\d.]+ TB at /srv/eagle3/runs/disk-test/data/dataset/hidden_states but "
+                     r"[\d.]+ TB are free", proc.stdout)  # fmt: skip
+    assert ct("sha256sum", f"{RUN}/data/responses.jsonl") == before
+    pct("exec", "129", "--", "rm", "-rf", "/srv/eagle3/runs/disk-test")
+
+
+def _train(name: str, *extra: str, timeout: int = 900):
+    return run_playbook(ROOT / "train.yml", "--tags", "train", "-e", f"eagle3_train_dir=/srv/eagle3/runs/{name}",
+                        "-e", f"eagle3_train_unit=eagle3-train-{name}", *extra, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture
+def scratch():
+    names: list[str] = []
+    yield names.append
+    for name in names:
+        pct("exec", "129", "--", "systemctl", "stop", f"eagle3-train-{name}", check=False)
+        pct("exec", "129", "--", "rm", "-rf", f"/srv/eagle3/runs/{name}",
+            f"/etc/systemd/system/eagle3-train-{name}.service", check=False)  # fmt: skip
+
+
+def test_an_injected_out_of_memory_backs_off_the_real_trainer(trained, scratch):
+    scratch("oom-test")
+    proc = _train("oom-test", "-e", "eagle3_train_epochs=1",
+                  "-e", '{"eagle3_train_environment": {"EAGLE3_LAB_OOM_ABOVE": "512"}}')  # fmt: skip
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-2000:]
+    attempts = read_json("/srv/eagle3/runs/oom-test/state/attempts.json")
+    assert [(a["total_seq_len"], a["cause"]) for a in attempts] == [(1024, "out_of_memory"), (512, "completed")]
+    assert "CUDA out of memory" in ct("cat", "/srv/eagle3/runs/oom-test/state/attempt-1.log")
+
+
+def test_a_killed_real_trainer_resumes_from_the_last_complete_epoch(trained, scratch):
+    scratch("resume-test")
+    save = "/srv/eagle3/runs/resume-test/save"
+    start = _train("resume-test", "-e", "eagle3_train_epochs=4", "-e", "eagle3_train_wait=false")
+    assert recap(start.stdout)["ct129"]["failed"] == 0
+    deadline = time.monotonic() + 300
+    while pct("exec", "129", "--", "test", "-f", f"{save}/1/val_metrics.json", check=False).returncode:
+        assert time.monotonic() < deadline, "epoch 1 never completed"
+        time.sleep(2)
+    pct("exec", "129", "--", "systemctl", "kill", "-s", "KILL", "eagle3-train-resume-test")
+    done = _train("resume-test", "-e", "eagle3_train_epochs=4")
+    assert recap(done.stdout)["ct129"]["failed"] == 0, done.stdout[-2000:]
+    attempts = read_json("/srv/eagle3/runs/resume-test/state/attempts.json")
+    assert attempts[0]["cause"] in ("signal SIGKILL", "error") and attempts[-1]["cause"] == "completed"
+    assert attempts[-1]["resume_from_epoch"] is not None and attempts[-1]["resume_from_epoch"] >= 1
+    log = ct("cat", f"/srv/eagle3/runs/resume-test/state/attempt-{attempts[-1]['n']}.log")
+    assert "Training epoch 1/4 started" not in log and "Training epoch 4/4 started" in log
+    result = read_json("/srv/eagle3/runs/resume-test/state/result.json")
+    assert sorted(result["epochs"]) == ["0", "1", "2", "3"]

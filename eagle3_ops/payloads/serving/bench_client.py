@@ -1,6 +1,7 @@
 """Load generator for an SGLang-compatible server, reporting what ``sglang.bench_serving`` reports.
 
-Sends ``--num-prompts`` streaming ``/v1/completions`` requests with at most ``--max-concurrency`` in flight,
+Sends ``--num-prompts`` streaming ``/v1/chat/completions`` requests (one user turn each, so the target's chat
+template applies as in production traffic) with at most ``--max-concurrency`` in flight,
 greedy, ``--max-tokens`` each, and measures per request the time to first token (TTFT) and the gaps
 between streamed chunks (ITL; with speculative decoding one chunk may carry several tokens, as in SGLang's
 stream). Output throughput is completion tokens over wall time. The accept length is the server's own
@@ -44,10 +45,11 @@ def server_info(base: str) -> dict[str, Any]:
 
 
 def one(base: str, prompt: str, max_tokens: int, model: str | None) -> dict[str, Any]:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
     if model:
         body["model"] = model
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),  # noqa: S310 -- checked in main
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),  # noqa: S310 -- checked in main
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     start = time.perf_counter()
     arrivals: list[float] = []
@@ -59,7 +61,7 @@ def one(base: str, prompt: str, max_tokens: int, model: str | None) -> dict[str,
                 continue
             chunk = json.loads(line[5:])
             choice = (chunk.get("choices") or [{}])[0]
-            if choice.get("text"):
+            if choice.get("text") or (choice.get("delta") or {}).get("content"):
                 arrivals.append(time.perf_counter())
             if choice.get("finish_reason") is not None:
                 tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)

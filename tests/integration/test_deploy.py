@@ -18,6 +18,11 @@ CHECKPOINT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"
 SERVE = Path(__file__).parent / "playbooks" / "serve.yml"
 
 
+def flat(text: str) -> str:
+    """Ansible's output with its line wrapping undone."""
+    return " ".join(text.split())
+
+
 def ct(*argv: str, check: bool = True) -> str:
     return pct("exec", "130", "--", *argv, check=check).stdout
 
@@ -49,7 +54,7 @@ def test_deploy_serves_the_draft_at_16_tokens(deployed):
     assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_draft_tokens"] == 16
     accept = info["internal_states"][0]["avg_spec_accept_length"]
     assert accept > 1.5 and info["internal_states"][0]["draft_dropped_keys"] == 0
-    assert re.search(r"at 16 draft tokens \(chain\), accept length [\d.]+", deployed.stdout)
+    assert re.search(r"at 16 draft tokens \(chain\), accept length [\d.]+", flat(deployed.stdout))
     config = json.loads(ct("cat", f"{DRAFT}/config.json"))
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
@@ -68,7 +73,7 @@ def test_an_identical_redeploy_changes_nothing(deployed):
 def test_bad_draft_tokens_are_refused_before_anything_changes(deployed, value, message):
     before = ct("sha256sum", UNIT)
     proc = run_playbook(ROOT / "deploy.yml", "-e", f"draft_tokens={value}", check=False, timeout=300)
-    assert recap(proc.stdout)["ct130"]["failed"] == 1 and message in proc.stdout
+    assert recap(proc.stdout)["ct130"]["failed"] == 1 and message in flat(proc.stdout)
     assert recap(proc.stdout)["ct130"]["changed"] == 0 and ct("sha256sum", UNIT) == before
 
 
@@ -81,8 +86,9 @@ def test_an_unrenamed_draft_is_caught_by_the_gate_and_rolled_back(deployed):
     accept_before = server_info()["internal_states"][0]["avg_spec_accept_length"]
     proc = run_playbook(SERVE, "-e", f"serve_draft={broken}", check=False, timeout=600)
     assert recap(proc.stdout)["ct130"]["failed"] == 1
-    assert re.search(r"accepts 1\.0\d* tokens per step", proc.stdout) and "layers.0.*" in proc.stdout
-    assert f"Rolled back to the previous unit (previous service restored, healthy, draft {DRAFT})" in proc.stdout
+    out = flat(proc.stdout)
+    assert re.search(r"accepts 1\.0\d* tokens per step", out) and "layers.0.*" in out
+    assert f"Rolled back to the previous unit (previous service restored, healthy, draft {DRAFT})" in out
     assert ct("cat", UNIT) == before
     info = server_info()
     assert info["speculative_draft_model_path"] == DRAFT and info["internal_states"][0]["requests"] == 0

@@ -49,9 +49,8 @@ def test_the_pipeline_trains_a_drafter_that_beats_an_untrained_one(trained):
     config = read_json(f"{RUN}/train/save/checkpoint_best/config.json")
     assert (config["norm_before_fc"], config["norm_output"], config["norm_before_residual"]) == (False, False, False)
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
-    assert "tau:" in trained.stdout and "export would rename 10 keys" in flat(trained.stdout)
-    # the export check wrote nothing
-    assert pct("exec", "129", "--", "test", "-e", "/srv/eagle3/drafts/tiny-llama-eagle3", check=False).returncode
+    assert "tau:" in trained.stdout and "Drafter trained: best epoch" in flat(trained.stdout)
+    assert re.search(r"export would rename \d+ keys \(incompatibilities: \[\]\)", flat(trained.stdout))
 
 
 def test_a_second_run_skips_every_stage(trained):
@@ -79,7 +78,7 @@ def test_the_disk_preflight_refuses_with_the_numbers(trained):
     proc = run_playbook(ROOT / "train.yml", "--tags", "data", "-e", '{"eagle3_data_mean_tokens": 100000000000}',
                         "-e", "eagle3_data_dir=/srv/eagle3/runs/disk-test/data", check=False, timeout=600)  # fmt: skip
     assert recap(proc.stdout)["ct129"]["failed"] == 1
-    assert re.search(r"hidden states need [\d.]+ TB at /srv/eagle3/runs/disk-test/data/dataset/hidden_states but "
+    assert re.search(r"hidden states need [\d.]+ TB at /srv/eagle3/runs/disk-test/data/hidden_states but "
                      r"[\d.]+ TB are free", flat(proc.stdout))  # fmt: skip
     assert ct("sha256sum", f"{RUN}/data/responses.jsonl") == before
     pct("exec", "129", "--", "rm", "-rf", "/srv/eagle3/runs/disk-test")

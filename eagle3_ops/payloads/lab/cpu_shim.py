@@ -1,6 +1,6 @@
 """Run speculators' real trainer on a CPU-only machine (the lab): ``python -m lab.cpu_shim [train args]``.
 
-speculators 0.9.0 assumes an accelerator in five places; this shim patches exactly those, in memory, and
+speculators 0.9.0 assumes an accelerator in six places; this shim patches exactly those, in memory, and
 then runs ``speculators.train`` unchanged (same CLI, same model, data, loss, checkpointing and resume code):
 
 1. ``trainer.get_local_rank`` returns the local rank as an int, which ``.to()`` reads as a CUDA device
@@ -11,6 +11,8 @@ then runs ``speculators.train`` unchanged (same CLI, same model, data, loss, che
 4. Under torchrun, ``maybe_setup_distributed`` picks the accelerator's backend (NCCL) -> gloo on CPU,
    same module state afterwards.
 5. ``recovery``'s device lookup -> "cpu".
+6. Resuming: the checkpointer loads the last epoch onto ``get_current_device()``, "cuda:0" without an
+   accelerator -> "cpu".
 
 Two choices that are arguments, not patches, are needed with it: ``--draft-attn-impl sdpa`` (flex attention
 has no CPU backward) and ``--loss-implementation eager`` (the fused loss needs Triton). This module lives
@@ -31,7 +33,7 @@ import sys
 def patch() -> None:
     import torch
     import torch.distributed as dist
-    from speculators.train import distributed, recovery, trainer
+    from speculators.train import checkpointer, distributed, recovery, trainer
 
     torch.accelerator.synchronize = lambda *a, **k: None
     torch.accelerator.set_device_index = lambda *a, **k: None
@@ -57,6 +59,7 @@ def patch() -> None:
     distributed.maybe_setup_distributed = setup
     if hasattr(recovery, "get_local_rank"):
         recovery.get_local_rank = lambda: "cpu"
+    checkpointer.get_current_device = lambda: "cpu"
 
 
 def inject_oom() -> None:

@@ -90,9 +90,19 @@ def _report(result: RunResult) -> int:
     return EXIT_FAILED
 
 
-def _extravars(pairs: list[str]) -> dict[str, str]:
-    out = {}
+def _extravars(pairs: list[str]) -> dict[str, Any]:
+    """-e KEY=VALUE (a string, as ansible-playbook takes it) or -e '{"key": ...}' (JSON, for lists and dicts)."""
+    out: dict[str, Any] = {}
     for pair in pairs:
+        if pair.lstrip().startswith("{"):
+            try:
+                value = json.loads(pair)
+            except ValueError as exc:
+                raise SystemExit(f"eagle3-ops: -e {pair!r} is not a JSON object: {exc}") from None
+            if not isinstance(value, dict):
+                raise SystemExit(f"eagle3-ops: -e {pair!r} must be a JSON object")
+            out.update(value)
+            continue
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise SystemExit(f"eagle3-ops: -e expects KEY=VALUE, got {pair!r}")
@@ -108,6 +118,7 @@ def _run(args: argparse.Namespace, playbook: str, extra: dict[str, Any] | None =
         inventory=args.inventory,
         limit=args.limit,
         check=args.check,
+        tags=args.tags,
         on_event=None if args.verbose else _progress,
         verbosity=args.verbose,
     )
@@ -208,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-i", "--inventory", help="inventory (default: the lab, from ansible.cfg)")
     common.add_argument("-l", "--limit", help="limit to these hosts or groups (Ansible pattern)")
     common.add_argument("-C", "--check", action="store_true", help="check mode: report what would change")
-    common.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE")
+    common.add_argument("-e", "--extra-vars", action="append", default=[], metavar="KEY=VALUE|JSON")
+    common.add_argument("-t", "--tags", help="only the stages with these tags (e.g. data, train, serve)")
     common.add_argument("-v", "--verbose", action="count", default=0, help="show Ansible's own output")
     sub = parser.add_subparsers(dest="command", required=True)
     lab = sub.add_parser("lab", parents=[common], help="the local lab: up, down, status")

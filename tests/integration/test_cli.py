@@ -28,7 +28,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_help_lists_the_commands():
     out = run("--help").stdout
-    for command in ("lab", "cleanup", "provision"):
+    for command in ("lab", "train", "deploy", "bench", "cleanup", "provision", "status"):
         assert command in out
 
 
@@ -84,3 +84,8 @@ def test_status_table_follows_a_workload(lab):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("ct129"))
     assert row.split()[:3] == ["ct129", "running", "4"]
     assert "39.1/382.4 GiB" in row
+
+
+def test_a_bad_draft_tokens_value_fails_with_the_value_named(lab):
+    proc = run("deploy", "--draft-tokens", "0")
+    assert proc.returncode == 2 and "draft_tokens is 0; it must be between 2 and 64" in " ".join(proc.stdout.split())

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, pct, recap, run_playbook
+from tests.conftest import ROOT, ansible_env, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 UNIT = "/etc/systemd/system/sglang.service"
@@ -58,6 +60,15 @@ def test_deploy_serves_the_draft_at_16_tokens(deployed):
     config = json.loads(ct("cat", f"{DRAFT}/config.json"))
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+
+
+def test_the_status_table_shows_what_is_served(deployed):
+    proc = subprocess.run([sys.executable, "-m", "eagle3_ops.cli", "status", "-l", "ct130"], cwd=ROOT,
+                          env=ansible_env(EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test")), capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("ct130"))
+    assert re.search(r"tiny-llama-eagle3 x16 accept \d\.\d\d$", row.rstrip()), row
 
 
 def test_an_identical_redeploy_changes_nothing(deployed):

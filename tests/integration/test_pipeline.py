@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.conftest import ROOT, pct, recap, run_playbook
+from tests.conftest import ROOT, ansible_env, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 RUN = "/srv/eagle3/runs/tiny-llama"
@@ -100,10 +102,17 @@ def scratch():
 
 
 def test_an_injected_out_of_memory_backs_off_the_real_trainer(trained, scratch):
+    # Through the eagle3-ops command, which shows the epochs of the surviving attempt as a progress line.
     scratch("oom-test")
-    proc = _train("oom-test", "-e", "eagle3_train_epochs=1",
-                  "-e", '{"eagle3_train_environment": {"EAGLE3_LAB_OOM_ABOVE": "512"}}')  # fmt: skip
-    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-2000:]
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3_ops.cli", "train", "--tags", "train", "-e", "eagle3_train_epochs=2",
+         "-e", "eagle3_train_dir=/srv/eagle3/runs/oom-test", "-e", "eagle3_train_unit=eagle3-train-oom-test",
+         "-e", '{"eagle3_train_environment": {"EAGLE3_LAB_OOM_ABOVE": "512"}}'],
+        cwd=ROOT, env=ansible_env(EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test")), capture_output=True, text=True,
+        timeout=900, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert re.search(r"\[[#.]+\] +\d+% epoch [12]/2 .*total_seq_len 512", proc.stdout), proc.stdout[-3000:]
     attempts = read_json("/srv/eagle3/runs/oom-test/state/attempts.json")
     assert [(a["total_seq_len"], a["cause"]) for a in attempts] == [(1024, "out_of_memory"), (512, "completed")]
     assert "CUDA out of memory" in ct("cat", "/srv/eagle3/runs/oom-test/state/attempt-1.log")

@@ -110,7 +110,25 @@ def _extravars(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _run(args: argparse.Namespace, playbook: str, extra: dict[str, Any] | None = None) -> int:
+def sweep_progress(total: int):
+    """Progress of a benchmark sweep: a bar after each configuration has been measured (per host)."""
+    done: dict[str, int] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        _progress(event)
+        data = event.get("event_data", {})
+        if event.get("event") == "runner_on_ok" and str(data.get("task", "")).startswith("Drive load"):
+            host = data.get("host", "?")
+            done[host] = done.get(host, 0) + 1
+            label = str(data.get("task", "")).rsplit(": ", 1)[-1]
+            print(f"  {host:<14} {progress_bar(done[host], total)} sweep {done[host]}/{total} measured ({label})",
+                  flush=True)  # fmt: skip
+
+    return on_event
+
+
+def _run(args: argparse.Namespace, playbook: str, extra: dict[str, Any] | None = None,
+         on_event: Any = None) -> int:  # fmt: skip
     extravars = {**_extravars(args.extra_vars), **(extra or {})}
     result = run_playbook(
         playbook,
@@ -119,7 +137,7 @@ def _run(args: argparse.Namespace, playbook: str, extra: dict[str, Any] | None =
         limit=args.limit,
         check=args.check,
         tags=args.tags,
-        on_event=None if args.verbose else _progress,
+        on_event=None if args.verbose else (on_event or _progress),
         verbosity=args.verbose,
     )
     return _report(result)
@@ -207,7 +225,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    return _run(args, "bench.yml", {"bench_draft_tokens": args.draft_tokens} if args.draft_tokens else None)
+    points = len(args.draft_tokens or [16, 10, 5]) + 1  # and the baseline
+    return _run(args, "bench.yml", {"bench_draft_tokens": args.draft_tokens} if args.draft_tokens else None,
+                on_event=sweep_progress(points))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,5 +77,6 @@ def test_a_killed_job_restarts_and_resumes_from_the_last_complete_epoch(fresh):
     assert recap(proc.stdout)["ct129"]["failed"] == 0
     tried = attempts(name)
     assert len(tried) == 2 and tried[1]["resume_from_epoch"] == 2 and tried[1]["cause"] == "completed"
+    assert tried[0]["cause"] == "interrupted"  # the kill took its launcher too; the next one records it
     listing = pct("exec", "129", "--", "ls", "-a", f"/srv/eagle3-test/{name}/save").stdout.split()
     assert {"1", "2", "3", "4"} <= set(listing) and any(n.startswith(".partial-3") for n in listing)

@@ -45,3 +45,14 @@ def test_parser_has_the_commands():
         assert parser.parse_args(argv).func
     args = parser.parse_args(["deploy", "--topk", "4", "--steps", "3", "--draft-tokens", "8"])
     assert (args.topk, args.steps, args.draft_tokens) == (4, 3, 8)
+
+
+def test_sweep_progress_counts_measured_configurations(capsys):
+    from eagle3_ops.cli import sweep_progress
+
+    on_event = sweep_progress(4)
+    for label in ("baseline", "5"):
+        task = f"Drive load at each concurrency, draft tokens: {label}"
+        on_event({"event": "runner_on_ok", "event_data": {"host": "ct130", "res": {}, "task": task}})
+    lines = [line for line in capsys.readouterr().out.splitlines() if "sweep" in line]
+    assert lines[-1].split()[1:] == ["[############............]", "50%", "sweep", "2/4", "measured", "(5)"]

@@ -113,6 +113,7 @@ def test_resume_after_a_kill_mid_epoch_ignores_the_partial_checkpoint(tmp_path):
     assert all(e.complete for e in checkpoints.scan(str(save)))
     attempts = json.loads((tmp_path / "state" / "attempts.json").read_text())
     assert attempts[-1]["resume_from_epoch"] == 2
+    assert [a["cause"] for a in attempts] == ["interrupted", "completed"]  # the killed launcher could not say
 
 
 def test_a_non_oom_failure_stops_with_its_code(tmp_path):

@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.state, exist_ok=True)
     os.makedirs(args.save_dir, exist_ok=True)
     attempts = _load_attempts(args.state)
+    for earlier in attempts:
+        if earlier.get("cause") == "running":
+            # Its launcher died with it (SIGKILL to the whole unit, a reboot, a migration): say so.
+            earlier["cause"] = "interrupted"
     exhausted = {a["total_seq_len"] for a in attempts if a.get("cause") == "out_of_memory"}
     ladder = [b for b in budgets.ladder_from(args.start, args.floor) if b not in exhausted]
     if not ladder:

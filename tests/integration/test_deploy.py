@@ -88,6 +88,15 @@ def test_bad_draft_tokens_are_refused_before_anything_changes(deployed, value, m
     assert recap(proc.stdout)["ct130"]["changed"] == 0 and ct("sha256sum", UNIT) == before
 
 
+def test_tree_drafting_is_refused_by_the_reference_engine_up_front(deployed):
+    before = ct("sha256sum", UNIT)
+    proc = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=8", "-e", "speculative_topk=4",
+                        "-e", "speculative_steps=3", check=False, timeout=300)  # fmt: skip
+    assert recap(proc.stdout)["ct130"]["failed"] == 1
+    assert "tree drafting, which the lab's reference engine does not implement" in flat(proc.stdout)
+    assert recap(proc.stdout)["ct130"]["ok"] <= 2 and ct("sha256sum", UNIT) == before
+
+
 def test_an_unrenamed_draft_is_caught_by_the_gate_and_rolled_back(deployed):
     broken = "/srv/eagle3/drafts/broken-layers0"
     # SGLang's layout and config, but the weights still say layers.0.*: SGLang would drop them silently.

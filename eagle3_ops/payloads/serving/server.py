@@ -112,6 +112,8 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                     self._send(404, {"error": {"message": f"no route {path}"}})
             except (BadRequest, ValueError) as exc:
                 self._send(400, {"error": {"message": str(exc), "type": "invalid_request_error"}})
+            except Exception as exc:  # a server answers with an error, it does not drop the connection
+                self._send(500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}})
 
         def _params(self, temperature: Any, max_tokens: Any) -> int:
             if temperature not in (None, 0, 0.0):

@@ -13,6 +13,8 @@ EXIT_OK = 0
 EXIT_FAILED = 2  # a play failed on some host
 EXIT_UNREACHABLE = 4  # some host could not be reached
 EXIT_USAGE = 64
+# Tasks whose message is the outcome a user came for (the drafter, what is served, the report): printed.
+OUTCOME_TASKS = ("Report the drafter", "Report what is served", "Show the report")
 
 
 def progress_bar(done: float, total: float, width: int = 24) -> str:
@@ -73,6 +75,10 @@ def _progress(event: dict[str, Any]) -> None:
         line = f"  {data.get('host', '?'):<14} {mark:<11} {data.get('task', '')}"
         if kind != "runner_on_ok" and not data.get("ignore_errors"):
             line += f"\n      {res.get('msg', '')}"
+        elif str(data.get("task", "")).startswith(OUTCOME_TASKS) and "msg" in res:
+            msg = res["msg"]
+            lines = msg if isinstance(msg, list) else [json.dumps(msg) if isinstance(msg, dict) else str(msg)]
+            line += "".join(f"\n      {m}" for m in lines)
         print(line, flush=True)
 
 

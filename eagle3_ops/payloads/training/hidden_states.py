@@ -61,8 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     data = load_from_disk(args.data)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32 if device == "cpu" else dtype)
-    model.to(device).eval()
+    if device == "cuda" and torch.cuda.device_count() > 1:
+        # A target larger than one GPU is spread over the container's GPUs (layers placed in order).
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map="auto").eval()
+        device = str(model.get_input_embeddings().weight.device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32 if device == "cpu" else dtype)
+        model.to(device).eval()
     layers = model.model.layers
     layer_tag = ",".join(map(str, args.layers))
     if len(set(args.layers)) != len(args.layers) or any(not 0 <= k < len(layers) - 1 for k in args.layers):

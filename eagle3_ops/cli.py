@@ -23,7 +23,7 @@ def progress_bar(done: float, total: float, width: int = 24) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {frac:4.0%}"
 
 
-def wait_line(task: str, stdout: str) -> str | None:
+def wait_line(stdout: str) -> str | None:
     """A progress line for a poll of a long stage: training epochs (the monitor's JSON sample) or a data job."""
     lines = [line for line in stdout.splitlines() if line.strip()]
     sample = next((line for line in reversed(lines) if line.startswith("{")), None)
@@ -57,7 +57,7 @@ def _progress(event: dict[str, Any]) -> None:
     data = event.get("event_data", {})
     kind = event.get("event", "")
     if kind == "runner_retry":
-        line = wait_line(data.get("task", ""), str(data.get("res", {}).get("stdout", "")))
+        line = wait_line(str(data.get("res", {}).get("stdout", "")))
         if line:
             print(f"  {data.get('host', '?'):<14} {line}", flush=True)
         return

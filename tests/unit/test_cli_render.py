@@ -31,11 +31,11 @@ def test_progress_lines():
     assert progress_bar(3, 12, width=12) == "[###.........]  25%"
     sample = {"attempt": 2, "total_seq_len": 512, "epoch": 4, "epochs": 12, "step": 40, "tokens_per_s": 3590.0,
               "gpus": [{"power_draw": 250.0, "power_limit": 600.0}]}  # fmt: skip
-    line = wait_line("Wait", "ActiveState=active\nNRestarts=0\n" + json.dumps(sample))
+    line = wait_line("ActiveState=active\nNRestarts=0\n" + json.dumps(sample))
     assert line is not None and "epoch 4/12 step 40 3590 tok/s (attempt 2, total_seq_len 512) 250/600 W" in line
-    regen = wait_line("Wait", "ActiveState=active\n[regen] 40/160 (8.4/s)")
+    regen = wait_line("ActiveState=active\n[regen] 40/160 (8.4/s)")
     assert regen == "[######..................]  25% [regen] 40/160 (8.4/s)"
-    assert wait_line("Wait", "ActiveState=active\nResult=success") is None
+    assert wait_line("ActiveState=active\nResult=success") is None
 
 
 def test_parser_has_the_commands():

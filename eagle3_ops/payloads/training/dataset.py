@@ -15,6 +15,11 @@ import json
 import os
 import sys
 
+try:  # shipped beside this file (roles copy the codec along)
+    from . import _safetensors as st
+except ImportError:  # pragma: no cover - run as a loose script
+    import _safetensors as st  # type: ignore[no-redef]
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dataset", description=__doc__,
@@ -58,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         dst.flush()
         os.fsync(dst.fileno())
     os.replace(tmp, args.out)
-    with open(args.out + ".summary.json", "w", encoding="utf-8") as fh:
-        json.dump({"rows": kept, "tokens": tokens, "empty": empty}, fh)
+    st.write_json_atomic(args.out + ".summary.json", {"rows": kept, "tokens": tokens, "empty": empty})
     print(f"{kept} rows ({tokens} tokens) written to {args.out}, {empty} empty replies dropped")
     return 0 if kept else 1
 

@@ -17,10 +17,14 @@ Usage: python3 -m training.hidden_states --target DIR --data DATASET_DIR --layer
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+
+try:  # shipped beside this file (roles copy the codec along)
+    from . import _safetensors as st
+except ImportError:  # pragma: no cover - run as a loose script
+    import _safetensors as st  # type: ignore[no-redef]
 
 
 def _complete(path: str, ids: list[int], layers: str) -> bool:
@@ -104,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[hidden] {done + skipped}/{total} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
     print(f"[hidden] {total}/{total} done ({done} extracted, {skipped} already complete)", file=sys.stderr, flush=True)
     # The marker the role checks to skip this stage: written only after every file is complete.
-    with open(os.path.join(out_dir, "COMPLETE.json"), "w", encoding="utf-8") as fh:
-        json.dump({"samples": total, "layers": args.layers, "dtype": args.dtype,
-                   "dataset_fingerprint": getattr(data, "_fingerprint", None)}, fh)  # fmt: skip
+    st.write_json_atomic(os.path.join(out_dir, "COMPLETE.json"),
+                         {"samples": total, "layers": args.layers, "dtype": args.dtype,
+                          "dataset_fingerprint": getattr(data, "_fingerprint", None)})  # fmt: skip
     return 0
 
 

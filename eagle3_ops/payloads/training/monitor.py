@@ -19,6 +19,11 @@ import subprocess
 import sys
 from typing import Any
 
+try:  # shipped beside this file (roles copy the codec along)
+    from . import _safetensors as st
+except ImportError:  # pragma: no cover - run as a loose script
+    import _safetensors as st  # type: ignore[no-redef]
+
 SMI_FIELDS = ("index", "memory.used", "memory.total", "power.draw", "power.limit", "utilization.gpu")
 
 
@@ -95,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         acc["samples"] += 1
         acc["ratio_sum"] += sum(g["power_draw"] / g["power_limit"] for g in busy) / len(busy)
         os.makedirs(args.state, exist_ok=True)
-        with open(store + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(acc, fh)
-        os.replace(store + ".tmp", store)
+        st.write_json_atomic(store, acc)
     if acc["samples"]:
         mean = acc["ratio_sum"] / acc["samples"]
         sample["mean_power_ratio"] = round(mean, 3)

@@ -9,7 +9,21 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-packages=(lxc debootstrap openssh-server openssh-client openssl psmisc iproute2 procps rsync python3-venv python3-pip python3-apt git)
+# Every package is named: nothing is left to Recommends (installed with --no-install-recommends), and
+# nothing is assumed from the base image. What each is for:
+#   lxc                         the lab's containers (lxc-start, lxc-attach, debian.common.conf)
+#   debootstrap debian-archive-keyring gpgv wget
+#                               the lab's container template, built and signature-checked from a Debian mirror
+#   tar                         packing and unpacking that template
+#   openssh-server openssh-client   the hypervisor ssh hop and the controller side of it
+#   openssl                     the lab Proxmox API's certificate
+#   psmisc procps iproute2      fuser/pkill/pgrep/ss, used by the lab, its tests and the cleanup checks
+#   sudo e2fsprogs util-linux   non-root hop tests, chattr (immutable-file tests), mount/umount/nsenter
+#   ca-certificates             HTTPS to the package indexes
+#   rsync git                   checkouts and copies of the collection in tests
+#   python3-venv python3-pip python3-apt   the project virtualenv; ansible's apt module on the host
+packages=(lxc debootstrap debian-archive-keyring gpgv wget tar openssh-server openssh-client openssl psmisc procps
+  iproute2 sudo e2fsprogs util-linux ca-certificates rsync git python3-venv python3-pip python3-apt)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +15,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
-LAB_STATE = ROOT / ".lab"
-LAB_PORT = 10022
+# The tests run against a lab of their own (tests/lab: the lab inventory with its state moved aside), so
+# the test command never touches the user's lab, its trained drafter or its served model.
+TEST_INVENTORY = ROOT / "tests" / "lab"
+LAB_STATE = ROOT / ".lab-test"
+LAB_PORT = 10122
+LAB_API_PORT = 8106
+LAB_ROOT = Path("/var/lib/eagle3-lab-test")
+LAB_LXC_PATH = LAB_ROOT / "lxc"
+PCT = str(LAB_ROOT / "sbin" / "pct")
+# The user's lab (inventory/lab): the tests check they leave it as they found it.
+USER_LAB_ROOT = Path("/var/lib/eagle3-lab")
 
 
 def ansible_env(**extra: str) -> dict[str, str]:
@@ -23,6 +33,7 @@ def ansible_env(**extra: str) -> dict[str, str]:
     env.update(
         {
             "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_INVENTORY": str(TEST_INVENTORY),
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_NOCOLOR": "1",
             "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
@@ -84,7 +95,7 @@ def hop(*remote: str, input_bytes: bytes | None = None, timeout: int = 120) -> s
 
 
 def pct(*args: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["pct", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run([PCT, *args], capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise AssertionError(f"pct {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
     return proc
@@ -105,12 +116,79 @@ def lab_unavailable() -> str | None:
 
 @pytest.fixture(scope="session")
 def lab() -> Iterator[dict[str, object]]:
-    """The lab, up (idempotently) for the whole session."""
+    """The test suite's own lab, up (idempotently) for the whole session; taken down by test_zz_lab_down."""
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
+    started = time.monotonic()
     proc = run_playbook("lab.yml")
+    _LAB_BRINGUP_SECONDS[0] += time.monotonic() - started
     yield {"recap": recap(proc.stdout), "output": proc.stdout}
+
+
+def user_lab_snapshot() -> dict[str, object]:
+    """What the tests must leave as they found it: the user's lab containers, pct, hop and shared storage."""
+    snap: dict[str, object] = {"root": USER_LAB_ROOT.exists()}
+    if not USER_LAB_ROOT.exists():
+        return snap
+    confs = USER_LAB_ROOT / "pve" / "nodes"
+    snap["containers"] = sorted(str(p.relative_to(confs)) for p in confs.glob("*/lxc/*.conf"))
+    running = subprocess.run(["lxc-ls", "-P", "/var/lib/lxc", "--running", "-1"], capture_output=True, text=True,
+                             check=False)
+    snap["running"] = sorted(running.stdout.split())
+    pid = USER_LAB_ROOT / "sshd" / "sshd.pid"
+    snap["sshd"] = pid.read_text().strip() if pid.exists() else None
+    share = USER_LAB_ROOT / "share"
+    snap["share"] = sorted(
+        (str(p.relative_to(share)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in share.rglob("*") if p.is_file() and not p.is_symlink()
+    ) if share.exists() else []
+    return snap
+
+
+_USER_LAB_AT_START: dict[str, object] = {}
+_LAB_BRINGUP_SECONDS = [0.0]
+# Wall-clock seconds per stage of the test command, printed at the end (and written for .ci/run's summary).
+_STAGE_SECONDS: dict[str, float] = {"unit": 0.0, "lab": 0.0, "pipeline": 0.0}
+# Test files that run the training/serving pipeline for real; every other integration file is "lab".
+PIPELINE_FILES = {"test_pipeline.py", "test_deploy.py", "test_train_job.py", "test_cli.py"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _USER_LAB_AT_START.update(user_lab_snapshot())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked lab_teardown run after everything else, whatever their file names."""
+    items.sort(key=lambda item: item.get_closest_marker("lab_teardown") is not None)
+
+
+def _stage_of(item: pytest.Item) -> str:
+    path = Path(str(item.fspath))
+    if "unit" in path.parts:
+        return "unit"
+    return "pipeline" if path.name in PIPELINE_FILES else "lab"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    started, bringup = time.monotonic(), _LAB_BRINGUP_SECONDS[0]
+    yield
+    # The lab's bring-up happens in the setup of whichever test first asks for it: it counts as "lab".
+    spent_on_bringup = _LAB_BRINGUP_SECONDS[0] - bringup
+    _STAGE_SECONDS[_stage_of(item)] += time.monotonic() - started - spent_on_bringup
+    _STAGE_SECONDS["lab"] += spent_on_bringup
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    total = sum(_STAGE_SECONDS.values())
+    lines = [f"{stage:<9} {seconds / 60:6.1f} min" for stage, seconds in _STAGE_SECONDS.items()]
+    terminalreporter.write_sep("-", f"test stages (total {total / 60:.1f} min)")
+    for line in lines:
+        terminalreporter.write_line(line)
+    out = os.environ.get("EAGLE3_STAGE_TIMES")
+    if out:
+        Path(out).write_text(json.dumps(_STAGE_SECONDS))
 
 
 @pytest.fixture

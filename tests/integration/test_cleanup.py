@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import pct, recap, run_playbook, smi
+from tests.conftest import LAB_PORT, pct, recap, run_playbook, smi
 
 pytestmark = pytest.mark.lab
 
@@ -57,7 +57,7 @@ def test_a_stopped_container_is_reported_and_the_other_cleaned(clean_lab):
     counts = recap(proc.stdout)
     assert counts["ct130"]["unreachable"] == 1 and counts["ct129"]["failed"] == 0
     assert "ct130: NOT CLEANED (unreachable, see above)" in proc.stdout
-    assert "CT 130 on node pve-lab (hypervisor 127.0.0.1:10022) is not running" in proc.stdout
+    assert f"CT 130 on node pve-lab (hypervisor 127.0.0.1:{LAB_PORT}) is not running" in proc.stdout
     assert max(memory(129)) < 100
 
 

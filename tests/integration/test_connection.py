@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pct, recap, run_playbook
+from tests.conftest import LAB_PORT, LAB_ROOT, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 PLAYBOOKS = Path(__file__).parent / "playbooks"
@@ -52,7 +52,7 @@ def test_playbook_through_the_connection(lab, tmp_path):
 def test_wrong_vmid_is_unreachable_with_the_fix(lab):
     proc = run_playbook(PLAYBOOKS / "ping.yml", "-e", "pct_vmid=999", check=False)
     assert recap(proc.stdout)["ct130"]["unreachable"] == 1
-    assert "CT 999 on node pve-lab (hypervisor 127.0.0.1:10022) does not exist" in proc.stdout
+    assert f"CT 999 on node pve-lab (hypervisor 127.0.0.1:{LAB_PORT}) does not exist" in proc.stdout
 
 
 def test_stopped_container_is_unreachable_with_the_fix(lab):
@@ -62,7 +62,7 @@ def test_stopped_container_is_unreachable_with_the_fix(lab):
     finally:
         pct("start", "130")
     assert recap(proc.stdout)["ct130"]["unreachable"] == 1
-    assert "CT 130 on node pve-lab (hypervisor 127.0.0.1:10022) is not running" in proc.stdout
+    assert f"CT 130 on node pve-lab (hypervisor 127.0.0.1:{LAB_PORT}) is not running" in proc.stdout
     assert "pct start 130" in proc.stdout
 
 
@@ -73,21 +73,21 @@ def test_missing_pct_is_named(lab):
 
 
 def test_hypervisor_sshd_down_is_unreachable_naming_it(lab):
-    subprocess.run(["pkill", "--pidfile", "/var/lib/eagle3-lab/sshd/sshd.pid"], check=True)
+    subprocess.run(["pkill", "--pidfile", str(LAB_ROOT / "sshd" / "sshd.pid")], check=True)
     try:
         # No ControlPersist master: an earlier test's master would still carry sessions.
         proc = run_playbook(PLAYBOOKS / "ping.yml", "-e", "ansible_ssh_extra_args='-o ControlPath=none'", check=False)
     finally:
         run_playbook("lab.yml", "--tags", "lab_host_sshd")
     assert recap(proc.stdout)["ct130"]["unreachable"] == 1
-    assert "Cannot reach the hypervisor of CT 130 on node pve-lab (hypervisor 127.0.0.1:10022)" in proc.stdout
+    assert f"Cannot reach the hypervisor of CT 130 on node pve-lab (hypervisor 127.0.0.1:{LAB_PORT})" in proc.stdout
     assert "Connection refused" in proc.stdout
 
 
 def test_wrong_host_key_is_refused(lab, tmp_path):
     bad = tmp_path / "known_hosts"
     bad.write_text(
-        "[127.0.0.1]:10022 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+        f"[127.0.0.1]:{LAB_PORT} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
     )
     proc = run_playbook(
         PLAYBOOKS / "ping.yml",

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import hop, pct, recap, run_playbook, smi
+from tests.conftest import PCT, hop, pct, recap, run_playbook, smi
 
 pytestmark = pytest.mark.lab
 
@@ -34,6 +34,8 @@ def test_second_up_changes_nothing(lab):
 
 
 def test_pct_list_over_the_hop_shows_the_containers(lab):
+    # A bare `pct` over the hop is this lab's own (its sshd puts the lab's pct first on PATH).
+    assert hop("command", "-v", "pct").stdout.decode().strip() == PCT
     proc = hop("pct", "list")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.decode().splitlines()
@@ -45,7 +47,7 @@ def test_pct_list_over_the_hop_shows_the_containers(lab):
 
 def test_nvidia_smi_over_the_hop_prints_four_rows(lab):
     proc = hop(
-        "pct", "exec", "129", "--", "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"
+        PCT, "exec", "129", "--", "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"
     )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split(", ") for line in proc.stdout.decode().splitlines()]
@@ -58,23 +60,23 @@ def test_exec_delivers_hostile_arguments_byte_exact(lab, text):
     # Through ssh the remote shell parses the line once, so every argv element is quoted for it.
     import shlex
 
-    remote = shlex.join(["pct", "exec", "129", "--keep-env", "0", "--", "printf", "%s", text])
+    remote = shlex.join([PCT, "exec", "129", "--keep-env", "0", "--", "printf", "%s", text])
     proc = hop(remote)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == text.encode()
-    assert hop("pct", "exec", "129", "--", "ls", "/tmp/pwned").returncode != 0
+    assert hop(PCT, "exec", "129", "--", "ls", "/tmp/pwned").returncode != 0
 
 
 def test_exec_keep_env_controls_the_environment(lab):
-    kept = hop("LEAKED=yes", "pct", "exec", "129", "--keep-env", "1", "--", "env").stdout.decode()
-    clean = hop("LEAKED=yes", "pct", "exec", "129", "--keep-env", "0", "--", "env").stdout.decode()
+    kept = hop("LEAKED=yes", PCT, "exec", "129", "--keep-env", "1", "--", "env").stdout.decode()
+    clean = hop("LEAKED=yes", PCT, "exec", "129", "--keep-env", "0", "--", "env").stdout.decode()
     assert "LEAKED=yes" in kept
     assert "LEAKED=yes" not in clean
     assert "container=lxc" in clean
 
 
 def test_exec_returns_the_command_exit_code(lab):
-    assert hop("pct", "exec", "129", "--", "sh", "-c", "'exit 7'").returncode == 7
+    assert hop(PCT, "exec", "129", "--", "sh", "-c", "'exit 7'").returncode == 7
 
 
 def test_push_pull_round_trip_with_perms_and_owner(lab, tmp_path):

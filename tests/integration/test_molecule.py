@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, ansible_env
+from tests.conftest import LAB_LXC_PATH, LAB_PORT, LAB_ROOT, LAB_STATE, PCT, ROOT, ansible_env
 
 pytestmark = pytest.mark.lab
 SCENARIOS = sorted(ROOT.glob("roles/*/molecule/default/molecule.yml"))
@@ -20,6 +20,14 @@ def test_molecule_scenario(lab, scenario: Path):
     molecule = Path(sys.executable).parent / "molecule"
     env = ansible_env(ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0")
     env.pop("ANSIBLE_CONFIG", None)  # the shared base config sets it for the role
+    env.pop("ANSIBLE_INVENTORY", None)  # molecule writes its own
+    env.update(
+        EAGLE3_LAB_STATE_DIR=str(LAB_STATE),
+        EAGLE3_LAB_SSH_PORT=str(LAB_PORT),
+        EAGLE3_LAB_ROOT=str(LAB_ROOT),
+        EAGLE3_LAB_LXC_PATH=str(LAB_LXC_PATH),
+        EAGLE3_LAB_PCT=PCT,
+    )
     proc = subprocess.run(
         [str(molecule), "test"], cwd=role_dir, env=env, capture_output=True, text=True, timeout=900, check=False
     )

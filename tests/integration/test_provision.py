@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import LAB_STATE, ROOT, SHARED, pct, recap, run_playbook
+from tests.conftest import LAB_API_PORT, LAB_PORT, LAB_ROOT, LAB_STATE, ROOT, SHARED, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 VMIDS = ("171", "172", "173")
@@ -22,21 +22,21 @@ def inventory(
     data = {
         "all": {
             "vars": {
-                "lab_ssh_port": 10022,
+                "lab_ssh_port": LAB_PORT,
                 "eagle3_lab_state_dir": str(LAB_STATE),
                 "ansible_ssh_private_key_file": str(LAB_STATE / "id_ed25519"),
                 "ansible_ssh_common_args": (
                     f"-o UserKnownHostsFile={LAB_STATE / 'known_hosts'} -o StrictHostKeyChecking=yes"
                 ),
                 "proxmox_api_host": "127.0.0.1",
-                "proxmox_api_port": 8006,
+                "proxmox_api_port": LAB_API_PORT,
                 "proxmox_api_user": "root@pam",
                 "proxmox_api_token_id": "eagle3",
                 "proxmox_api_token_secret": (LAB_STATE / "pve-token").read_text(),
                 "proxmox_api_validate_certs": str(LAB_STATE / "pve-ca.pem"),
                 "proxmox_ct_template": TEMPLATE,
-                "proxmox_ct_conf_dir": "/var/lib/eagle3-lab/pve/nodes/pve-lab/lxc",
-                "proxmox_ct_gpu_device_dir": "/var/lib/eagle3-lab/dev",
+                "proxmox_ct_conf_dir": str(LAB_ROOT / "pve/nodes/pve-lab/lxc"),
+                "proxmox_ct_gpu_device_dir": str(LAB_ROOT / "dev"),
                 "proxmox_ct_cores": 1,
                 "proxmox_ct_memory": 1024,
                 **group_vars,
@@ -46,7 +46,7 @@ def inventory(
                     "hosts": {
                         "pve-lab": {
                             "ansible_host": "127.0.0.1",
-                            "ansible_port": 10022,
+                            "ansible_port": LAB_PORT,
                             "ansible_user": "root",
                             "proxmox_node": "pve-lab",
                             "ansible_python_interpreter": "/usr/bin/python3",
@@ -57,7 +57,7 @@ def inventory(
                     "vars": {
                         "ansible_connection": "pct",
                         "ansible_host": "127.0.0.1",
-                        "ansible_port": 10022,
+                        "ansible_port": LAB_PORT,
                         "ansible_user": "root",
                         "pct_node": "pve-lab",
                         "ansible_python_interpreter": "/usr/bin/python3",
@@ -98,7 +98,7 @@ def test_provision_from_nothing_with_raw_gpu_lines(fleet):
     assert re.search(r"^171\s+running\s+trainer-171", listing, re.M)
     assert re.search(r"^172\s+running\s+server-172", listing, re.M)
     config = pct("config", "171").stdout
-    assert "lxc.mount.entry: /var/lib/eagle3-lab/dev/nvidia1 dev/nvidia1 none bind,optional,create=file" in config
+    assert f"lxc.mount.entry: {LAB_ROOT}/dev/nvidia1 dev/nvidia1 none bind,optional,create=file" in config
     assert "lxc.cgroup2.devices.allow: c 195:* rwm" in config
     assert "tags: trainer" in config
     assert pct("exec", "171", "--", "test", "-c", "/dev/nvidia1").returncode == 0
@@ -135,7 +135,7 @@ def test_gpu_passthrough_by_devn_with_a_root_password(fleet):
     proc = run_playbook("provision.yml", "-i", str(inv), "-e", "proxmox_ct_restart=true")
     assert "GPUs [3] via devN entries (API)" in proc.stdout
     config = pct("config", "172").stdout
-    assert "dev0: /var/lib/eagle3-lab/dev/nvidia3" in config
+    assert f"dev0: {LAB_ROOT}/dev/nvidia3" in config
     assert "dev/nvidia2 " not in config  # the raw line for the old GPU is gone
     assert pct("exec", "172", "--", "test", "-c", "/dev/nvidia3").returncode == 0
     assert password not in proc.stdout
@@ -178,13 +178,13 @@ def test_dynamic_inventory_reaches_the_containers(fleet, tmp_path):
         yaml.safe_dump(
             {
                 "plugin": "proxmox_ct",
-                "url": "https://127.0.0.1:8006",
+                "url": f"https://127.0.0.1:{LAB_API_PORT}",
                 "user": "root@pam",
                 "token_id": "eagle3",
                 "token_secret": (LAB_STATE / "pve-token").read_text(),
                 "validate_certs": str(LAB_STATE / "pve-ca.pem"),
                 "tag_groups": {"trainer": "trainers", "server": "servers"},
-                "hypervisor_port": 10022,
+                "hypervisor_port": LAB_PORT,
                 "compose": {
                     "ansible_python_interpreter": "'/usr/bin/python3'",
                     "ansible_ssh_private_key_file": repr(str(LAB_STATE / "id_ed25519")),
@@ -236,7 +236,7 @@ def test_every_api_request_matches_the_published_schema(fleet):
             walk(n.get("children") or [])
 
     walk(schema)
-    log = Path("/var/lib/eagle3-lab/pve/api-requests.jsonl").read_text().splitlines()
+    log = (LAB_ROOT / "pve/api-requests.jsonl").read_text().splitlines()
     assert log, "the lab API logged no request"
     seen = set()
     for line in log:

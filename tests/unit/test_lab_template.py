@@ -1,0 +1,90 @@
+"""The lab template's checks: dpkg's view of the packages, in a staging rootfs and in a published tar."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from eagle3_ops.lab import template
+
+STATUS = """Package: base-files
+Status: install ok installed
+Version: 12.4
+
+Package: python3
+Status: deinstall ok config-files
+Version: 3.11.2-1
+
+Package: procps
+Status: install ok installed
+Description: /proc utilities
+ Status: install ok installed
+"""
+
+
+def _tar(tmp_path: Path, status: str | None, python: bool) -> Path:
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "usr/bin").mkdir(parents=True)
+    if status is not None:
+        (root / "var/lib/dpkg/status").write_text(status)
+    if python:
+        (root / "usr/bin/python3").write_text("#!/bin/false\n")
+    tar = tmp_path / "t.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
+    return tar
+
+
+def test_installed_packages_reads_only_fully_installed_stanzas():
+    # python3 is only config-files; a continuation line that looks like a field is not one.
+    assert template.installed_packages(STATUS) == {"base-files", "procps"}
+    assert template.missing_packages(STATUS, ["procps", "python3", "sudo:amd64"]) == ["python3", "sudo:amd64"]
+
+
+def test_check_reports_a_stale_template_with_what_it_lacks(tmp_path):
+    tar = _tar(tmp_path, STATUS, python=False)
+    result = template.check_template(tar, ["python3", "procps"])
+    assert result == {"ok": False, "template": str(tar), "reason": "lacks packages", "missing": ["python3"]}
+
+
+def test_check_accepts_a_complete_template(tmp_path):
+    tar = _tar(tmp_path, STATUS.replace("deinstall ok config-files", "install ok installed"), python=True)
+    assert template.check_template(tar, ["python3", "procps"])["ok"] is True
+
+
+def test_check_refuses_a_tar_without_a_dpkg_database(tmp_path):
+    result = template.check_template(_tar(tmp_path, None, python=True), ["python3"])
+    assert result["ok"] is False and result["reason"] == "no dpkg database in the tar"
+
+
+def test_check_of_an_absent_template_exits_3(tmp_path, capsys):
+    assert template.main(["check", str(tmp_path / "none.tar"), "--packages", "python3"]) == 3
+    assert '"reason": "absent"' in capsys.readouterr().out
+
+
+def test_verify_rootfs_names_the_missing_packages(tmp_path):
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/status").write_text(STATUS)
+    with pytest.raises(template.TemplateError, match=r"lacks python3, sudo after debootstrap"):
+        template.verify_rootfs(tmp_path, ["procps", "python3", "sudo"])
+
+
+def test_stale_stages_of_dead_builders_are_removed_live_ones_kept(tmp_path):
+    tar = tmp_path / "t.tar"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale_dir = tmp_path / f".t.tar.stage-{dead.pid}-abcd"
+    (stale_dir / "etc").mkdir(parents=True)
+    stale_part = tmp_path / f".t.tar.part-{dead.pid}-0"
+    stale_part.write_bytes(b"x" * 10)
+    live = tmp_path / f".t.tar.stage-{os.getppid()}-efgh"
+    live.mkdir()
+    other = tmp_path / f".other.tar.stage-{dead.pid}-ijkl"
+    other.mkdir()
+    removed = template.remove_stale_stages(tar)
+    assert sorted(removed) == sorted([stale_dir.name, stale_part.name])
+    assert not stale_dir.exists() and not stale_part.exists()
+    assert live.exists() and other.exists()

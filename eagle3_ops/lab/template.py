@@ -71,10 +71,29 @@ def read_tar_member(tar: Path, member: str) -> str | None:
     return None
 
 
+def root_mode(tar: Path) -> int | None:
+    """Permission bits of the template's top directory ("./"), which become the container's "/"."""
+    proc = subprocess.run(["tar", "-tvf", str(tar), "--no-recursion", "./"], capture_output=True, text=True,
+                          check=False)
+    line = proc.stdout.splitlines()[0] if proc.returncode == 0 and proc.stdout else ""
+    if len(line) < 10 or line[0] != "d":
+        return None
+    bits = 0
+    for i, ch in enumerate(line[1:10]):
+        if ch != "-":
+            bits |= 1 << (8 - i)
+    return bits
+
+
 def check_template(tar: Path, packages: list[str]) -> dict[str, object]:
     """Whether a published template holds every package (and python3); never raises for a bad cache."""
     if not tar.is_file():
         return {"ok": False, "template": str(tar), "reason": "absent", "missing": list(packages)}
+    mode = root_mode(tar)
+    if mode is None or mode & 0o005 != 0o005:
+        shown = "unknown" if mode is None else oct(mode)
+        return {"ok": False, "template": str(tar), "reason": f"its / has mode {shown}, closed to non-root users",
+                "missing": []}
     status = read_tar_member(tar, DPKG_STATUS)
     if status is None:
         return {"ok": False, "template": str(tar), "reason": "no dpkg database in the tar", "missing": list(packages)}
@@ -148,6 +167,8 @@ def build_template(tar: Path, packages: list[str], release: str, mirror: str) ->
     wanted = list(dict.fromkeys([*BASE_PACKAGES, *packages]))
     tar.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{tar.name}.stage-{os.getpid()}-", dir=tar.parent))
+    # mkdtemp makes 0700; the tar records "." with it and the container's / would shut out every other user.
+    stage.chmod(0o755)
     part = tar.with_name(f".{tar.name}.part-{os.getpid()}-0")
     try:
         debootstrap(stage, release, mirror, wanted)

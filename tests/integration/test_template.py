@@ -61,6 +61,7 @@ def test_a_stale_template_is_rebuilt_from_nothing_and_verified(cache, tmp_path):
     assert probe.stdout.strip() == "ok", probe.stderr
     assert (root / "etc/systemd/system/systemd-udevd.service").readlink() == Path("/dev/null")
     assert not any((root / "var/cache/apt/archives").glob("*.deb"))
+    assert root.stat().st_mode & 0o777 == 0o755  # the container's / lets every user in
 
     again = _build(cache)
     assert recap(again.stdout)["lab-host"]["changed"] == 0

@@ -34,6 +34,7 @@ def _tar(tmp_path: Path, status: str | None, python: bool) -> Path:
     if python:
         (root / "usr/bin/python3").write_text("#!/bin/false\n")
     tar = tmp_path / "t.tar"
+    root.chmod(0o755)
     subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
     return tar
 
@@ -53,6 +54,15 @@ def test_check_reports_a_stale_template_with_what_it_lacks(tmp_path):
 def test_check_accepts_a_complete_template(tmp_path):
     tar = _tar(tmp_path, STATUS.replace("deinstall ok config-files", "install ok installed"), python=True)
     assert template.check_template(tar, ["python3", "procps"])["ok"] is True
+
+
+def test_check_refuses_a_template_whose_root_shuts_out_other_users(tmp_path):
+    tar = _tar(tmp_path, STATUS.replace("deinstall ok config-files", "install ok installed"), python=True)
+    root = tmp_path / "root"
+    root.chmod(0o700)
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
+    result = template.check_template(tar, ["python3"])
+    assert result["ok"] is False and "mode 0o700" in str(result["reason"])
 
 
 def test_check_refuses_a_tar_without_a_dpkg_database(tmp_path):

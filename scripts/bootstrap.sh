@@ -18,12 +18,13 @@ fi
 #   openssh-server openssh-client   the hypervisor ssh hop and the controller side of it
 #   openssl                     the lab Proxmox API's certificate
 #   psmisc procps iproute2      fuser/pkill/pgrep/ss, used by the lab, its tests and the cleanup checks
-#   sudo e2fsprogs util-linux   non-root hop tests, chattr (immutable-file tests), mount/umount/nsenter
+#   sudo e2fsprogs util-linux tmux   non-root hop tests, chattr (immutable-file tests), mount/umount, a tmux
+#                               pane as the GPU-cleanup trials' terminal
 #   ca-certificates             HTTPS to the package indexes
 #   rsync git                   checkouts and copies of the collection in tests
 #   python3-venv python3-pip python3-apt   the project virtualenv; ansible's apt module on the host
 packages=(lxc debootstrap debian-archive-keyring gpgv wget tar openssh-server openssh-client openssl psmisc procps
-  iproute2 sudo e2fsprogs util-linux ca-certificates rsync git python3-venv python3-pip python3-apt)
+  iproute2 sudo e2fsprogs util-linux tmux ca-certificates rsync git python3-venv python3-pip python3-apt)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

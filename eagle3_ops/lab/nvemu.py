@@ -410,7 +410,7 @@ def _worker(args: argparse.Namespace) -> None:
 def _job_args(args: argparse.Namespace) -> list[str]:
     """The flags every process of one job shares (agent and workers get them from the launch)."""
     return ["--mib", str(args.mib), "--util", str(args.util), "--dataloader-workers", str(args.dataloader_workers),
-            "--tag", args.tag]  # fmt: skip
+            "--tag", args.tag, "--max-restarts", str(args.max_restarts)]  # fmt: skip
 
 
 def _agent(args: argparse.Namespace) -> None:
@@ -428,18 +428,28 @@ def _agent(args: argparse.Namespace) -> None:
             time.sleep(0.05)
         os._exit(128 + signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    for rank, gpu in enumerate(args.gpus):
+    def spawn(rank: int, gpu: int) -> subprocess.Popen:
         cmd = [*me, "--role", "worker", "--gpu", str(gpu), "--rank", str(rank), *_job_args(args)]
         if rank in args.ignore_term_ranks:
             cmd.append("--ignore-term")
-        workers.append(subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL))
+        return subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    workers.extend(spawn(rank, gpu) for rank, gpu in enumerate(args.gpus))
+    restarts = 0
     while True:
-        for w in workers:
-            if w.poll() is not None:
+        for rank, w in enumerate(workers):
+            if w.poll() is None:
+                continue
+            # torchrun's elastic agent: a dead worker is restarted while --max-restarts allows, and only the
+            # agent's own SIGTERM ends the job for good -- why a cleanup must stop the agent first.
+            if restarts < args.max_restarts:
+                restarts += 1
+                workers[rank] = spawn(rank, args.gpus[rank])
+            else:
                 forward(signal.SIGTERM, None)
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def _ranks(text: str) -> list[int]:
@@ -458,7 +468,7 @@ def _ranks(text: str) -> list[int]:
 
 def workload_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lab-workload", description="Start a torchrun-like GPU workload.")
-    p.add_argument("--role", choices=["launch", "agent", "worker", "bystander"], default="launch")
+    p.add_argument("--role", choices=["launch", "agent", "worker", "bystander", "observer"], default="launch")
     p.add_argument("--gpus", type=_ranks, default=None, help="GPU indices, e.g. 0-3 (default: all)")
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--mib", type=int, default=30000, help="MiB each worker holds on its GPU")
@@ -467,6 +477,9 @@ def workload_main(argv: list[str] | None = None) -> int:
     p.add_argument("--ignore-term-ranks", type=_ranks, default=[], help="ranks whose worker ignores SIGTERM")
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--bystander", action="store_true", help="also start an unrelated python3 holding no GPU")
+    p.add_argument("--observer", action="store_true",
+                   help="also start a monitor that holds every device node open with no context (an NVML exporter)")
+    p.add_argument("--max-restarts", type=int, default=0, help="times the agent restarts a dead worker (torchrun)")
     p.add_argument("--tag", default="lab-train", help="marker in every command line of this job")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--foreground", action="store_true", help="run the agent in the foreground")
@@ -483,6 +496,11 @@ def workload_main(argv: list[str] | None = None) -> int:
         _agent(args)
     elif args.role == "bystander":
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _sleep_forever()
+    elif args.role == "observer":
+        # What an NVML exporter looks like to the kernel: device nodes open, no context, no memory.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _held = [os.open(f"{DEV_DIR}/nvidia{g}", os.O_RDWR) for g in gpu_indices()] + _open_control_nodes()
         _sleep_forever()
     else:
         me = [sys.executable, os.path.realpath(__file__), "workload"]
@@ -509,6 +527,15 @@ def workload_main(argv: list[str] | None = None) -> int:
                 stderr=subprocess.DEVNULL,
             )
             pids["bystander"] = by.pid
+        if args.observer:
+            obs = subprocess.Popen(
+                [*me, "--role", "observer", "--tag", args.tag + "-exporter"],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            pids["observer"] = obs.pid
         # Wait until every worker's context is visible, so callers can measure right away.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

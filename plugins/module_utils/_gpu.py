@@ -6,6 +6,17 @@ Holders are found from ``/proc/*/fd`` links to ``/dev/nvidia*``, which works in 
 (nvidia-smi's PIDs inside a container depend on the driver). Memory per process comes from
 ``nvidia-smi --query-compute-apps`` where its PIDs map to ours.
 
+A job's root is the topmost ancestor of its holders that is still the job: never a supervisor, and never a
+person's session -- an interactive or login shell, a terminal multiplexer pane or a login session -- which is
+recognised from what the kernel says (controlling terminal, session leadership, the ``-`` login prefix of
+argv[0], the shell's interactive flags and whether its stdin is a terminal), not from names alone.
+
+Holders without a compute context (an NVML exporter keeps /dev/nvidia* open but owns no memory) are
+observers: spared by default. A compute context shows as memory in ``--query-compute-apps``, as device
+memory mapped into the process (``/proc/PID/maps``), or through the process group of a holder that has one
+(DataLoader children inherit their worker's context). A GPU whose memory no holder accounts for makes every
+holder on it a suspect instead, so an observer is only ever a holder the numbers show to hold nothing.
+
 The ladder: SIGTERM to each job's root (the torchrun-like agent, so it cannot restart workers) and
 to each holder's process group (torchrun workers live in their own sessions; DataLoader children share
 their worker's group), wait ``grace`` seconds, then SIGKILL whatever selected process is left --
@@ -29,6 +40,11 @@ DEFAULT_EXCLUDE = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcg
 # Processes a job root is never taken from: whoever started the job, not the job itself.
 SUPERVISORS = {"systemd", "init", "sshd", "lxc-attach", "login", "tmux: server", "tmux", "screen", "SCREEN",
                "containerd-shim", "conmon", "su", "sudo", "runc", "lxc-start"}  # fmt: skip
+# Shells: an interactive one is a person's terminal, a non-interactive one running a script may be the job
+# (a launcher that would start the next stage).
+SHELLS = {"bash", "sh", "dash", "zsh", "fish", "ksh", "mksh", "ash", "tcsh", "csh", "busybox"}
+# Shell options that take the next word as their argument (so it is not the script operand).
+_SHELL_OPTS_WITH_ARG = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
 
 
 @dataclass
@@ -44,6 +60,10 @@ class Proc:
     gpus: set[int] = field(default_factory=set)
     control: bool = False  # holds nvidiactl / nvidia-uvm
     memory_mib: int | None = None
+    tty_nr: int = 0  # controlling terminal (0: none)
+    argv: list[str] = field(default_factory=list)
+    stdin_tty: bool = False  # fd 0 is a terminal
+    maps_device: bool = False  # device memory of /dev/nvidia* mapped into the process (a CUDA context)
 
     @property
     def holds_gpu(self) -> bool:
@@ -54,8 +74,8 @@ class Proc:
         first = self.cmdline.split(" ", 1)[0] if self.cmdline else self.comm
         return os.path.basename(first) or self.comm
 
-    def describe(self) -> dict[str, Any]:
-        return {
+    def describe(self, reason: str | None = None) -> dict[str, Any]:
+        out = {
             "pid": self.pid,
             "pgid": self.pgid,
             "sid": self.sid,
@@ -64,10 +84,19 @@ class Proc:
             "gpus": sorted(self.gpus),
             "memory_mib": self.memory_mib,
         }
+        if reason:
+            out["reason"] = reason
+        return out
 
 
 def read_stat(pid: int, proc: str = "/proc") -> tuple[str, int, int, int, int, str] | None:
     """(state, ppid, pgid, sid, starttime, comm) from /proc/PID/stat, or None once the process is gone."""
+    full = read_stat_full(pid, proc)
+    return None if full is None else full[:6]
+
+
+def read_stat_full(pid: int, proc: str = "/proc") -> tuple[str, int, int, int, int, str, int] | None:
+    """(state, ppid, pgid, sid, starttime, comm, tty_nr) from /proc/PID/stat (proc(5))."""
     try:
         with open(f"{proc}/{pid}/stat", "rb") as fh:
             raw = fh.read().decode(errors="replace")
@@ -75,8 +104,26 @@ def read_stat(pid: int, proc: str = "/proc") -> tuple[str, int, int, int, int, s
         return None
     comm = raw[raw.index("(") + 1 : raw.rindex(")")]
     rest = raw[raw.rindex(")") + 2 :].split()
-    # rest[0]=state, [1]=ppid, [2]=pgrp, [3]=session, ..., [19]=starttime
-    return rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]), comm
+    # rest[0]=state, [1]=ppid, [2]=pgrp, [3]=session, [4]=tty_nr, ..., [19]=starttime
+    return rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]), comm, int(rest[4])
+
+
+def _is_terminal(path: str) -> bool:
+    """A terminal device: /dev/pts/N, /dev/ttyN, /dev/console (what a person types into)."""
+    return path.startswith(("/dev/pts/", "/dev/tty")) or path == "/dev/console"
+
+
+def _maps_device(pid: int, proc: str, dev_re: re.Pattern[str]) -> bool:
+    """Device memory mapped from /dev/nvidia* (CUDA maps its context's memory; NVML queries do not)."""
+    try:
+        with open(f"{proc}/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and dev_re.match(parts[5].strip()):
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def scan(proc: str = "/proc", dev_dir: str = "/dev") -> dict[int, Proc]:
@@ -87,16 +134,22 @@ def scan(proc: str = "/proc", dev_dir: str = "/dev") -> dict[int, Proc]:
         if not entry.isdigit():
             continue
         pid = int(entry)
-        st = read_stat(pid, proc)
+        st = read_stat_full(pid, proc)
         if st is None:
             continue
-        state, ppid, pgid, sid, starttime, comm = st
+        state, ppid, pgid, sid, starttime, comm, tty_nr = st
         try:
             with open(f"{proc}/{pid}/cmdline", "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                raw_argv = fh.read()
         except OSError:
-            cmdline = ""
-        p = Proc(pid, ppid, pgid, sid, state, starttime, comm, cmdline)
+            raw_argv = b""
+        argv = [a.decode(errors="replace") for a in raw_argv.rstrip(b"\0").split(b"\0")] if raw_argv else []
+        cmdline = " ".join(argv).strip()
+        p = Proc(pid, ppid, pgid, sid, state, starttime, comm, cmdline, tty_nr=tty_nr, argv=argv)
+        try:
+            p.stdin_tty = _is_terminal(os.readlink(f"{proc}/{pid}/fd/0"))
+        except OSError:
+            pass
         try:
             fds = os.listdir(f"{proc}/{pid}/fd")
         except OSError:
@@ -112,8 +165,51 @@ def scan(proc: str = "/proc", dev_dir: str = "/dev") -> dict[int, Proc]:
                     p.gpus.add(int(m.group(1)))
                 else:
                     p.control = True
+        if p.holds_gpu:
+            p.maps_device = _maps_device(pid, proc, dev_re)
         procs[pid] = p
     return procs
+
+
+def person_session(p: Proc) -> str | None:
+    """Why ``p`` is a person's terminal session rather than a job, or None when it may be a job's root."""
+    argv0 = p.argv[0] if p.argv else ""
+    if argv0.startswith("-"):
+        return f"login shell ({argv0})"
+    base = os.path.basename(argv0.lstrip("-")) or p.comm
+    if base in SHELLS or p.comm in SHELLS:
+        interactive, login, operand, command = False, False, False, False
+        words = p.argv[1:]
+        i = 0
+        while i < len(words):
+            w = words[i]
+            if w == "--":
+                operand = i + 1 < len(words)
+                break
+            if w == "--interactive":
+                interactive = True
+            elif w == "--login":
+                login = True
+            elif w in _SHELL_OPTS_WITH_ARG:
+                i += 1
+            elif w.startswith("--"):
+                pass
+            elif w.startswith(("-", "+")) and len(w) > 1:
+                flags = w[1:]
+                interactive |= "i" in flags
+                login |= "l" in flags
+                command |= "c" in flags
+            else:
+                operand = True
+                break
+            i += 1
+        if interactive:
+            return f"interactive shell ({p.cmdline[:60]})"
+        if not operand and not command and (p.stdin_tty or login):
+            return f"interactive shell reading a terminal ({p.cmdline[:60]})"
+    if p.pid == p.sid and p.tty_nr != 0:
+        return f"session leader of a terminal ({p.cmdline[:60] or p.comm}): a multiplexer pane or login session"
+    return None
 
 
 def ancestors(pid: int, procs: dict[int, Proc]) -> list[int]:
@@ -180,6 +276,14 @@ class Selection:
     roots: list[Proc]  # job roots to stop first (agents), not GPU holders themselves
     spared: list[Proc]  # holders left alone (allow-listed, other GPUs, not matching)
     protected: set[int]  # our own tree
+    reasons: dict[int, str] = field(default_factory=dict)  # why each spared holder or ancestor is spared
+    observers: list[Proc] = field(default_factory=list)  # holders with no compute context, spared
+    spared_ancestors: list[Proc] = field(default_factory=list)  # shells/sessions above a job, never signalled
+
+    def untouchable(self) -> set[int]:
+        """PIDs no signal may reach, even through a process group."""
+        return ({p.pid for p in self.spared} | {p.pid for p in self.observers}
+                | {p.pid for p in self.spared_ancestors} | self.protected)  # fmt: skip
 
 
 def resolve_gpus(wanted: list[str] | None, gpus: list[dict[str, Any]] | None) -> set[int] | None:
@@ -206,7 +310,14 @@ def select(
     exclude: list[str],
     include_non_gpu: bool,
     me: int | None = None,
+    include_observers: bool = False,
+    gpu_used: dict[int, int] | None = None,
+    free_threshold_mib: int = 512,
 ) -> Selection:
+    """Which processes to stop, which job roots to stop first, and what is spared (with the reason).
+
+    ``gpu_used`` (index -> MiB used) lets observers be told from holders: without it every holder counts.
+    """
     me = os.getpid() if me is None else me
     protected = set(ancestors(me, procs)) | {me, 1}
     match_re = [re.compile(m) for m in match]
@@ -224,7 +335,9 @@ def select(
             or any(r.search(p.cmdline) for r in exclude_re)
         )
 
-    holders, spared = [], []
+    observer_pids = set() if include_observers else observers(procs, gpu_used, free_threshold_mib)
+    holders, spared, watching = [], [], []
+    reasons: dict[int, str] = {}
     for p in sorted(procs.values(), key=lambda p: p.pid):
         if not p.holds_gpu:
             if include_non_gpu and match_re and any(r.search(p.cmdline) for r in match_re) and not excluded(p):
@@ -233,12 +346,26 @@ def select(
         on_selected = gpus is None or bool(p.gpus & gpus)
         matches = not match_re or any(r.search(p.cmdline) for r in match_re)
         # A holder of only nvidiactl/nvidia-uvm is selected only when every GPU is.
-        if excluded(p) or not matches or not on_selected or (not p.gpus and gpus is not None):
-            spared.append(p)
+        if p.pid in protected:
+            reason = "the module's own process tree"
+        elif excluded(p):
+            reason = "allow-listed"
+        elif not on_selected or (not p.gpus and gpus is not None):
+            reason = "holds no selected GPU"
+        elif not matches:
+            reason = "does not match"
+        elif p.pid in observer_pids:
+            watching.append(p)
+            reasons[p.pid] = "observer: holds device nodes but no GPU memory (include_observers stops it)"
+            continue
         else:
             holders.append(p)
-    spared_pids = {p.pid for p in spared}
+            continue
+        spared.append(p)
+        reasons[p.pid] = reason
+    keep = {p.pid for p in spared} | {p.pid for p in watching}
     roots: dict[int, Proc] = {}
+    sessions: dict[int, Proc] = {}
     selected_pids = {p.pid for p in holders}
     for h in holders:
         root = None
@@ -246,7 +373,12 @@ def select(
             a = procs[pid]
             if a.pid in protected or a.comm in SUPERVISORS or a.name in SUPERVISORS or excluded(a):
                 break
-            if a.pid in spared_pids:
+            if a.pid in keep:
+                break
+            why = person_session(a)
+            if why:
+                sessions[a.pid] = a
+                reasons[a.pid] = why
                 break
             root = a
         if root is not None and root.pid not in selected_pids:
@@ -254,9 +386,38 @@ def select(
     # An agent whose job also holds GPUs we keep (another GPU, allow-listed) would take those down with it
     # when it stops: leave such an agent alone and stop only the selected holders.
     for pid in list(roots):
-        if any(pid in ancestors(s.ppid, procs) for s in spared):
+        if any(pid in ancestors(s.ppid, procs) for s in [*spared, *watching]):
             del roots[pid]
-    return Selection(holders, sorted(roots.values(), key=lambda p: p.pid), spared, protected)
+    return Selection(
+        holders, sorted(roots.values(), key=lambda p: p.pid), spared, protected, reasons, watching,
+        sorted(sessions.values(), key=lambda p: p.pid),
+    )  # fmt: skip
+
+
+def observers(procs: dict[int, Proc], gpu_used: dict[int, int] | None, free_threshold_mib: int) -> set[int]:
+    """Holders with no compute context, when the GPUs' memory shows they hold none.
+
+    Evidence of a context: memory in --query-compute-apps, device memory mapped into the process, or the
+    process group of a holder with either (forked DataLoader children). A GPU using memory that no holder
+    with evidence accounts for makes all its holders suspects (PIDs that nvidia-smi cannot map, say).
+    """
+    if gpu_used is None:
+        return set()
+    holders = [p for p in procs.values() if p.holds_gpu]
+    evident = [p for p in holders if (p.memory_mib or 0) > 0 or p.maps_device]
+    evident_pids = {p.pid for p in evident}
+    groups = {p.pgid for p in evident}
+    accounted = {g for p in evident for g in p.gpus}
+    unexplained = {g for g, used in gpu_used.items() if used > free_threshold_mib and g not in accounted}
+    out = set()
+    for p in holders:
+        if p.pid in evident_pids or p.pgid in groups:
+            continue
+        held = p.gpus or set(gpu_used)  # a control-node-only holder could be behind any GPU's memory
+        if held & unexplained:
+            continue
+        out.add(p.pid)
+    return out
 
 
 # -- signalling --------------------------------------------------------------------------------
@@ -274,9 +435,9 @@ def alive(p: Proc, proc: str = "/proc") -> bool:
 
 
 def _group_is_safe(pgid: int, procs: dict[int, Proc], sel: Selection) -> bool:
-    """killpg only groups with nothing we must not touch in them."""
-    spared = {p.pid for p in sel.spared} | sel.protected
-    return pgid > 1 and not any(p.pgid == pgid and p.pid in spared for p in procs.values())
+    """killpg only groups with nothing we must not touch in them (a shell without job control shares one)."""
+    untouchable = sel.untouchable()
+    return pgid > 1 and not any(p.pgid == pgid and p.pid in untouchable for p in procs.values())
 
 
 def terminate(sel: Selection, procs: dict[int, Proc], proc: str = "/proc") -> list[int]:

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers (HeaderTooLarge)
-# Bits per element of every dtype in the safetensors specification.
+# Bits per element of every dtype the safetensors format defines (safetensors 0.8, src/tensor.rs Dtype::bitsize).
 DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
     "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
     "I32": 32, "U32": 32, "F32": 32,
     "I64": 64, "U64": 64, "F64": 64, "C64": 64,
@@ -141,16 +141,72 @@ def parse_header_bytes(path: str, prefix: bytes, header: bytes, file_size: int) 
         if end > data_size:
             raise _fail(path, f"tensor {name!r} ends at byte {end} past the data section ({data_size} bytes)")
         tensors.append(Tensor(name, dtype, list(shape), begin, end))
-    position = 0
+    problem = layout_problem(tensors, data_size)
+    if problem:
+        raise _fail(path, problem)
+    return Header(path, n, file_size, tensors, metadata, raw=prefix + header)
+
+
+def _tiling_gaps(tensors: list[Tensor], data_size: int) -> list[tuple[int, int]] | None:
+    """The gaps left when ``tensors`` are laid out in the data section, or None when two overlap."""
+    gaps, position = [], 0
     for t in sorted(tensors, key=lambda t: (t.begin, t.end)):
         if t.begin < position:
-            raise _fail(path, f"tensor {t.name!r} overlaps the tensor before it (begins at {t.begin})")
+            return None
         if t.begin > position:
-            raise _fail(path, f"the data section has a gap before tensor {t.name!r} ({position}..{t.begin})")
+            gaps.append((position, t.begin))
         position = t.end
-    if position != data_size:
-        raise _fail(path, f"its tensors cover {position} bytes of a {data_size}-byte data section")
-    return Header(path, n, file_size, tensors, metadata, raw=prefix + header)
+    if position < data_size:
+        gaps.append((position, data_size))
+    return gaps
+
+
+def _span(t: Tensor) -> str:
+    return f"{t.name!r} [{t.begin}, {t.end}]"
+
+
+def layout_problem(tensors: list[Tensor], data_size: int) -> str | None:
+    """Why the tensors do not tile the data section exactly, naming the tensor whose offsets are wrong.
+
+    When the others tile the section but for one hole exactly that tensor's size, that tensor is the one
+    whose data_offsets are wrong (the hole is where its bytes are); otherwise both tensors of the first
+    overlap, or the gap, are named with their offsets.
+    """
+    ordered = sorted(tensors, key=lambda t: (t.begin, t.end))
+    first_overlap: tuple[Tensor, Tensor] | None = None
+    first_gap: tuple[int, int] | None = None
+    position, furthest = 0, None  # the end reached so far, and the tensor that reaches it
+    for t in ordered:
+        if t.begin < position and first_overlap is None and furthest is not None:
+            first_overlap = (furthest, t)
+        elif t.begin > position and first_gap is None:
+            first_gap = (position, t.begin)
+        if t.end > position:
+            position, furthest = t.end, t
+    if position < data_size and first_gap is None:
+        first_gap = (position, data_size)
+    if first_overlap is None and first_gap is None:
+        return None
+    # Suspects: the later tensor of the overlap first (it starts inside another), then the earlier one, then
+    # (for a pure gap) every tensor, since a tensor moved elsewhere leaves a hole of its own size.
+    suspects = [first_overlap[1], first_overlap[0]] if first_overlap else []
+    suspects += [t for t in ordered if all(t is not s for s in suspects)]
+    for culprit in suspects:
+        others = [t for t in tensors if t is not culprit]
+        gaps = _tiling_gaps(others, data_size)
+        if gaps is not None and len(gaps) == 1 and gaps[0][1] - gaps[0][0] == culprit.end - culprit.begin:
+            where = f"its {culprit.end - culprit.begin} bytes fit the gap at {gaps[0][0]}..{gaps[0][1]}"
+            if first_overlap and culprit in first_overlap:
+                other = first_overlap[0] if culprit is first_overlap[1] else first_overlap[1]
+                return f"tensor {_span(culprit)} overlaps tensor {_span(other)}; {where}"
+            return f"tensor {_span(culprit)} has data_offsets that leave a gap; {where}"
+        if len(tensors) > 4096 and culprit not in (first_overlap or ()):
+            break  # a pathological header: name what was found instead of searching every tensor
+    if first_overlap:
+        a, b = first_overlap
+        return f"tensors {_span(a)} and {_span(b)} overlap"
+    assert first_gap is not None
+    return f"the data section has a gap at bytes {first_gap[0]}..{first_gap[1]} that no tensor covers"
 
 
 def read_header(path: str) -> Header:
@@ -165,7 +221,11 @@ def read_header(path: str) -> Header:
         if len(prefix) < 8:
             raise _fail(path, f"it is {size} bytes long, shorter than the 8-byte header length")
         (n,) = struct.unpack("<Q", prefix)
-        if n < 2 or 8 + n > size:
+        if n == 0:
+            raise _fail(path, "its header is empty (declared length 0), not even '{}'")
+        if n < 2:
+            raise _fail(path, f"its declared header length {n} is too short for a JSON object")
+        if 8 + n > size:
             raise _fail(path, f"its declared header length {n} does not fit in the {size}-byte file")
         if n > MAX_HEADER:
             raise _fail(path, f"its declared header length {n} exceeds the {MAX_HEADER}-byte limit")
@@ -292,25 +352,53 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def recover(path: str) -> bool:
-    """Roll back an interrupted in-place rewrite of ``path`` from its journal. True when it did."""
+def pending_journal(path: str) -> bytes | None:
+    """The header bytes a valid journal of ``path`` would restore, or None (no journal, or a torn one).
+
+    A torn journal (cut short before it was fsynced) means the file was not touched yet; recover() removes
+    it. A journal that does not match the file is an error, in check mode as in a real run.
+    """
     jpath = journal_path(path)
     try:
         with open(jpath, "rb") as fh:
             blob = fh.read()
     except FileNotFoundError:
-        return False
+        return None
     if not blob.startswith(JOURNAL_MAGIC) or len(blob) < len(JOURNAL_MAGIC) + 16:
-        # The journal itself was cut short before it was fsynced: the file was not touched yet.
-        os.unlink(jpath)
-        _fsync_dir(path)
-        return False
+        return None
     size, length = struct.unpack("<QQ", blob[len(JOURNAL_MAGIC) : len(JOURNAL_MAGIC) + 16])
     saved = blob[len(JOURNAL_MAGIC) + 16 :]
     if len(saved) != length or os.path.getsize(path) != size:
         raise SafetensorsError(
             f"{jpath} does not match {path}; inspect both, then remove the journal if the file loads"
         )
+    return saved
+
+
+def read_header_as_recovered(path: str) -> tuple[Header, bool]:
+    """The header ``path`` will have once recover() ran, without writing anything (for check mode).
+
+    Returns (header, True) when a pending journal would roll the file back, else (read_header(path), False).
+    """
+    saved = pending_journal(path)
+    if saved is None:
+        return read_header(path), False
+    size = os.path.getsize(path)
+    if len(saved) < 8:
+        raise _fail(path, "its journal holds fewer than 8 header bytes")
+    return parse_header_bytes(path, saved[:8], saved[8:], size), True
+
+
+def recover(path: str) -> bool:
+    """Roll back an interrupted in-place rewrite of ``path`` from its journal. True when it did."""
+    jpath = journal_path(path)
+    saved = pending_journal(path)
+    if saved is None:
+        if os.path.lexists(jpath):
+            # The journal itself was cut short before it was fsynced: the file was not touched yet.
+            os.unlink(jpath)
+            _fsync_dir(path)
+        return False
     fd = os.open(path, os.O_WRONLY)
     try:
         os.pwrite(fd, saved, 0)
@@ -341,9 +429,11 @@ def write_in_place(header: Header, new: bytes) -> None:
         os.close(fd)
     _fsync_dir(header.path)
     _crash_point("journal-written")
+    written = False  # once a byte may have reached the file, only the journal can put it back
     try:
         fd = os.open(header.path, os.O_WRONLY)
         try:
+            written = True
             half = len(new) // 2
             os.pwrite(fd, new[:half], 0)
             _crash_point("header-half-written")
@@ -352,7 +442,11 @@ def write_in_place(header: Header, new: bytes) -> None:
         finally:
             os.close(fd)
     except BaseException:
-        recover(header.path)  # put the old header back before reporting the failure
+        if written:
+            recover(header.path)  # put the old header back before reporting the failure
+        else:
+            os.unlink(jpath)  # nothing was written (the file could not be opened): the journal is moot
+            _fsync_dir(header.path)
         raise
     _crash_point("header-written")
     os.unlink(jpath)
@@ -429,19 +523,78 @@ def write_rewrite(
     return "rewrite"
 
 
+def _in_place_header(plan: Plan, dest: str | None) -> bytes | None:
+    """The same-length header for an in-place write, or None when the rewrite path must be taken.
+
+    A symlink (a Hugging Face cache entry pointing into its content-addressed blobs) is never written
+    through: the rewrite path replaces the link itself with a regular file and leaves the blob alone.
+    """
+    if plan.dropped or dest is not None or os.path.islink(plan.header.path):
+        return None
+    obj, _ = build_header(plan, compact=False)
+    try:
+        return encode_header(obj, pad_to=plan.header.header_len)
+    except ValueError:
+        return None
+
+
+def method_for(plan: Plan, dest: str | None = None) -> str:
+    """What apply() would do: 'none', 'in_place' or 'rewrite' (check mode reports the same)."""
+    if not plan.changed and dest is None:
+        return "none"
+    return "in_place" if _in_place_header(plan, dest) is not None else "rewrite"
+
+
 def apply(plan: Plan, dest: str | None = None) -> str:
-    """Carry out ``plan``: 'in_place' when the header fits and nothing is dropped, else 'rewrite'."""
+    """Carry out ``plan``: 'in_place' when the header fits, nothing is dropped and the path is no link."""
+    new = _in_place_header(plan, dest)
+    if new is not None:
+        write_in_place(plan.header, new)
+        return "in_place"
     compact = bool(plan.dropped)
     obj, copies = build_header(plan, compact)
-    if not compact and dest is None:
-        try:
-            new = encode_header(obj, pad_to=plan.header.header_len)
-        except ValueError:
-            new = b""
-        if new:
-            write_in_place(plan.header, new)
-            return "in_place"
     return write_rewrite(plan.header, encode_header(obj), copies if compact else None, dest)
+
+
+# -- leftovers of killed runs ------------------------------------------------------------------
+
+# Temporary files of this module: ".NAME.tmp-PID" (rewrites, index writes) and "NAME.tmp-PID" (index
+# writes of earlier versions). Only files whose writer PID is gone are stale.
+_TMP_RE = re.compile(r"^(?:\.(?P<hidden>.+)|(?P<plain>.+))\.tmp-(?P<pid>\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_temporaries(paths: list[str]) -> list[str]:
+    """Temporary files beside ``paths`` left by runs of this module that were killed mid-write."""
+    wanted: dict[str, set[str]] = {}
+    for path in paths:
+        directory, base = os.path.split(os.path.abspath(path))
+        wanted.setdefault(directory, set()).add(base)
+    stale = []
+    for directory, bases in sorted(wanted.items()):
+        try:
+            entries = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            m = _TMP_RE.match(entry)
+            if not m or (m.group("hidden") or m.group("plain")) not in bases:
+                continue
+            full = os.path.join(directory, entry)
+            if os.path.isfile(full) and not os.path.islink(full) and not _pid_alive(int(m.group("pid"))):
+                stale.append(full)
+    return stale
 
 
 # -- sharded checkpoints -----------------------------------------------------------------------
@@ -461,7 +614,8 @@ def read_index(path: str) -> dict[str, Any]:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
+    head, tail = os.path.split(path)
+    tmp = os.path.join(head, f".{tail}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=2, ensure_ascii=False)
         fh.write("\n")

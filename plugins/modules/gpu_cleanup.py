@@ -16,8 +16,16 @@ description:
     checking its PID was not reused.
   - Never touches processes that hold no GPU (unless O(include_non_gpu)), allow-listed daemons
     (nvidia-persistenced, nv-hostengine, dcgm-exporter, Xorg), or the module's own process tree.
+  - A job's root is never a person's session: an interactive or login shell, a terminal multiplexer pane or a
+    login session above the job is recognised from kernel facts (controlling terminal, session leadership,
+    the C(-) login prefix, the shell's interactive flags, a terminal on stdin), left alone and reported in
+    RV(spared_ancestors) with the reason; the job's own agent or launcher script is stopped first instead.
+  - Holders that keep device nodes open without a compute context (monitoring and NVML exporters, 0 MiB,
+    absent from C(--query-compute-apps)) are observers, spared unless O(include_observers).
   - Verifies within O(timeout) that every selected GPU is at or below O(free_threshold_mib) and no selected
-    holder is left; otherwise fails listing the survivors with their state (D-state, zombie) and memory.
+    holder is left; otherwise scans again and fails naming who holds the memory now -- a new PID is a
+    restart (its parent is named), a survivor is listed with its state (D-state, zombie), a spared process
+    with the reason it was spared.
   - Refuses to stop anything while a file in O(require_paths) is missing or incomplete (the job may still be
     writing its last checkpoint), unless O(force).
 version_added: "0.1.0"
@@ -42,6 +50,11 @@ options:
     default: [nvidia-persistenced, nv-hostengine, dcgm-exporter, dcgmi, Xorg, X, nvidia-smi]
   include_non_gpu:
     description: Also stop processes that match O(match) but hold no GPU (needs O(match)).
+    type: bool
+    default: false
+  include_observers:
+    description:
+      - Also stop observers, holders of device nodes with no compute context (an NVML exporter, a monitor).
     type: bool
     default: false
   stop_unit:
@@ -116,8 +129,26 @@ roots:
   type: list
   elements: dict
 spared:
-  description: Holders left alone (allow-listed, other GPUs, not matching).
+  description: Holders left alone, each with its C(reason) (allow-listed, other GPUs, not matching).
   returned: always
+  type: list
+  elements: dict
+observers:
+  description: Holders with no compute context, left alone (see O(include_observers)), each with its C(reason).
+  returned: always
+  type: list
+  elements: dict
+spared_ancestors:
+  description:
+    - Processes above a job that are a person's session (interactive or login shell, multiplexer pane, login
+      session), never signalled, each with the C(reason) the kernel's facts gave.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 311, cmdline: bash -i, reason: "interactive shell (bash -i)"}]
+holders_after:
+  description: Who holds the busy selected GPUs after the ladder, when memory stayed in use (C(new) marks a restart).
+  returned: when the GPUs are not free
   type: list
   elements: dict
 signalled:
@@ -155,9 +186,12 @@ import shlex
 import subprocess
 import time
 import traceback
+from typing import Any
 
 from ansible.module_utils._gpu import (
     DEFAULT_EXCLUDE,
+    Proc,
+    Selection,
     alive,
     app_memory,
     check_complete,
@@ -173,129 +207,198 @@ from ansible.module_utils._gpu import (
 )
 from ansible.module_utils.basic import AnsibleModule
 
+ARGUMENT_SPEC = {
+    "gpus": {"type": "list", "elements": "str", "default": []},
+    "match": {"type": "list", "elements": "str", "default": []},
+    "exclude": {"type": "list", "elements": "str", "default": list(DEFAULT_EXCLUDE)},
+    "include_non_gpu": {"type": "bool", "default": False},
+    "include_observers": {"type": "bool", "default": False},
+    "stop_unit": {"type": "str"},
+    "grace": {"type": "float", "default": 10},
+    "timeout": {"type": "float", "default": 30},
+    "free_threshold_mib": {"type": "int", "default": 512},
+    "require_paths": {"type": "list", "elements": "path", "default": []},
+    "force": {"type": "bool", "default": False},
+    "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+    "device_dir": {"type": "path", "default": "/dev"},
+}
 
-def _stop_unit(module: AnsibleModule, unit: str, timeout: float) -> bool:
-    """systemctl stop UNIT; True when it was active. Missing systemd is an error only if a unit is named."""
-    active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
-    if not active:
-        return False
-    proc = subprocess.run(
-        ["systemctl", "stop", unit], capture_output=True, text=True, timeout=max(timeout, 10), check=False
-    )
-    if proc.returncode != 0:
-        module.fail_json(msg=f"systemctl stop {unit} failed ({proc.stderr.strip()}): check the unit's ExecStop.")
-    return True
+
+_STUCK = (state_word("D"), state_word("Z"))
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "gpus": {"type": "list", "elements": "str", "default": []},
-            "match": {"type": "list", "elements": "str", "default": []},
-            "exclude": {"type": "list", "elements": "str", "default": list(DEFAULT_EXCLUDE)},
-            "include_non_gpu": {"type": "bool", "default": False},
-            "stop_unit": {"type": "str"},
-            "grace": {"type": "float", "default": 10},
-            "timeout": {"type": "float", "default": 30},
-            "free_threshold_mib": {"type": "int", "default": 512},
-            "require_paths": {"type": "list", "elements": "path", "default": []},
-            "force": {"type": "bool", "default": False},
-            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
-            "device_dir": {"type": "path", "default": "/dev"},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    result: dict = {
-        "changed": False, "holders": [], "roots": [], "spared": [], "signalled": [], "killed": [],
-        "survivors": [], "gpus_before": [], "gpus_after": [], "freed_mib": 0, "unit_stopped": False,
-    }  # fmt: skip
-    for name in ("grace", "timeout"):
-        if p[name] < 0:
-            module.fail_json(msg=f"{name} must be 0 or more seconds, not {p[name]}.", **result)
-    if p["include_non_gpu"] and not p["match"]:
-        module.fail_json(msg="include_non_gpu needs match patterns, or it would stop every process.", **result)
-    smi = shlex.split(p["nvidia_smi"])
-    try:
-        before = gpu_memory(smi)
-        result["gpus_before"] = before or []
-        procs = scan(dev_dir=p["device_dir"])
-        try:
-            wanted = resolve_gpus(p["gpus"], before)
-        except ValueError as exc:
-            module.fail_json(msg=f"{exc}: list indices from 'nvidia-smi -L'.", **result)
-        mem = app_memory(smi)
+class GpuCleanup:
+    """One run: scan, select, guard, then (unless in check mode) the ladder and the verification."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.smi = shlex.split(self.p["nvidia_smi"])
+        self.result: dict[str, Any] = {
+            "changed": False, "holders": [], "roots": [], "spared": [], "observers": [], "spared_ancestors": [],
+            "signalled": [], "killed": [], "survivors": [], "gpus_before": [], "gpus_after": [], "freed_mib": 0,
+            "unit_stopped": False,
+        }  # fmt: skip
+        self.wanted: set[int] | None = None
+
+    def fail(self, msg: str) -> None:
+        self.module.fail_json(msg=msg, **self.result)
+
+    def validate(self) -> None:
+        for name in ("grace", "timeout"):
+            if self.p[name] < 0:
+                self.fail(f"{name} must be 0 or more seconds, not {self.p[name]}.")
+        if self.p["include_non_gpu"] and not self.p["match"]:
+            self.fail("include_non_gpu needs match patterns, or it would stop every process.")
+
+    def scan(self) -> dict[int, Proc]:
+        procs = scan(dev_dir=self.p["device_dir"])
+        mem = app_memory(self.smi)
         for q in procs.values():
             q.memory_mib = mem.get(q.pid)
-        sel = select(procs, wanted, p["match"], p["exclude"], p["include_non_gpu"])
-        result["holders"] = [h.describe() for h in sel.holders]
-        result["roots"] = [r.describe() for r in sel.roots]
-        result["spared"] = [s.describe() for s in sel.spared]
-        if not sel.holders and not p["stop_unit"]:
-            result["gpus_after"] = result["gpus_before"]
-            module.exit_json(**result)
+        return procs
 
-        if sel.holders and not p["force"]:
-            problems = [why for why in map(check_complete, p["require_paths"]) if why]
-            if problems:
-                module.fail_json(
-                    msg=f"Refusing to stop {len(sel.holders)} GPU holders: {'; '.join(problems)}; the job may still be "
-                    "writing its last checkpoint, so wait for it or set force: true.",
-                    **result,
-                )
-        if module.check_mode:
-            result["changed"] = bool(sel.holders)
-            result["signalled"] = sorted({q.pid for q in [*sel.roots, *sel.holders]})
-            module.exit_json(**result)
+    def run(self) -> None:
+        before = gpu_memory(self.smi)
+        self.result["gpus_before"] = before or []
+        procs = self.scan()
+        try:
+            self.wanted = resolve_gpus(self.p["gpus"], before)
+        except ValueError as exc:
+            self.fail(f"{exc}: list indices from 'nvidia-smi -L'.")
+        used = None if before is None else {g["index"]: g["memory_used"] for g in before}
+        sel = select(procs, self.wanted, self.p["match"], self.p["exclude"], self.p["include_non_gpu"],
+                     include_observers=self.p["include_observers"], gpu_used=used,
+                     free_threshold_mib=self.p["free_threshold_mib"])
+        self.report_selection(sel)
+        if not sel.holders and not self.p["stop_unit"]:
+            self.result["gpus_after"] = self.result["gpus_before"]
+            return
+        self.guard(sel)
+        if self.module.check_mode:
+            self.result["changed"] = bool(sel.holders)
+            self.result["signalled"] = sorted({q.pid for q in [*sel.roots, *sel.holders]})
+            return
+        targets = self.ladder(sel, procs)
+        self.verify(sel, procs, targets, before)
 
-        if p["stop_unit"]:
-            result["unit_stopped"] = _stop_unit(module, p["stop_unit"], p["timeout"])
+    def report_selection(self, sel: Selection) -> None:
+        self.result["holders"] = [h.describe() for h in sel.holders]
+        self.result["roots"] = [r.describe() for r in sel.roots]
+        self.result["spared"] = [s.describe(sel.reasons.get(s.pid)) for s in sel.spared]
+        self.result["observers"] = [o.describe(sel.reasons.get(o.pid)) for o in sel.observers]
+        self.result["spared_ancestors"] = [a.describe(sel.reasons.get(a.pid)) for a in sel.spared_ancestors]
+
+    def guard(self, sel: Selection) -> None:
+        """Refuse while the final checkpoint is missing or incomplete (the job may still be writing it)."""
+        if not sel.holders or self.p["force"]:
+            return
+        problems = [why for why in map(check_complete, self.p["require_paths"]) if why]
+        if problems:
+            self.fail(f"Refusing to stop {len(sel.holders)} GPU holders: {'; '.join(problems)}; the job may still be "
+                      "writing its last checkpoint, so wait for it or set force: true.")
+
+    def stop_unit(self, unit: str) -> bool:
+        """systemctl stop UNIT; True when it was active."""
+        active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
+        if not active:
+            return False
+        proc = subprocess.run(["systemctl", "stop", unit], capture_output=True, text=True,
+                              timeout=max(self.p["timeout"], 10), check=False)
+        if proc.returncode != 0:
+            self.fail(f"systemctl stop {unit} failed ({proc.stderr.strip()}): check the unit's ExecStop.")
+        return True
+
+    def ladder(self, sel: Selection, procs: dict[int, Proc]) -> list[Proc]:
+        """Unit, then SIGTERM to roots and holders' groups, grace, SIGKILL what is left."""
+        if self.p["stop_unit"]:
+            self.result["unit_stopped"] = self.stop_unit(self.p["stop_unit"])
         targets = [*sel.roots, *sel.holders]
-        result["signalled"] = sorted(terminate(sel, procs))
-        left = wait_gone(targets, p["grace"])
-        result["killed"] = sorted(kill(left))
-        result["changed"] = bool(result["signalled"] or result["killed"] or result["unit_stopped"])
+        self.result["signalled"] = sorted(terminate(sel, procs))
+        left = wait_gone(targets, self.p["grace"])
+        self.result["killed"] = sorted(kill(left))
+        self.result["changed"] = bool(self.result["signalled"] or self.result["killed"] or self.result["unit_stopped"])
+        return targets
 
-        # Verify: selected holders gone and selected GPUs at or below the threshold, within the timeout.
-        deadline = time.monotonic() + p["timeout"]
+    def busy(self, after: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        return [g for g in after or []
+                if (self.wanted is None or g["index"] in self.wanted)
+                and g["memory_used"] > self.p["free_threshold_mib"]]  # fmt: skip
+
+    def verify(self, sel: Selection, procs: dict[int, Proc], targets: list[Proc], before: list | None) -> None:
+        """Selected holders gone and selected GPUs at or below the threshold, within the timeout."""
+        deadline = time.monotonic() + self.p["timeout"]
         while True:
             survivors = [q for q in targets if alive(q)]
-            after = gpu_memory(smi)
-            busy = [
-                g for g in after or []
-                if (wanted is None or g["index"] in wanted) and g["memory_used"] > p["free_threshold_mib"]
-            ]  # fmt: skip
+            after = gpu_memory(self.smi)
+            busy = self.busy(after)
             if (not survivors and not busy) or time.monotonic() >= deadline:
                 break
             if survivors:
                 kill(survivors)  # a holder that came back from SIGSTOP or was mid-fork
             time.sleep(0.2)
-        result["gpus_after"] = after or []
-        selected = [g for g in before or [] if wanted is None or g["index"] in wanted]
+        self.result["gpus_after"] = after or []
+        selected = [g for g in before or [] if self.wanted is None or g["index"] in self.wanted]
         used_after = {g["index"]: g["memory_used"] for g in after or []}
-        result["freed_mib"] = sum(max(0, g["memory_used"] - used_after.get(g["index"], 0)) for g in selected)
-        zombies = {q.pid for q in survivors}
-        leftover_holders = [
-            q.describe() for q in scan(dev_dir=p["device_dir"]).values()
-            if q.pid in zombies or (q.holds_gpu and q.pid in {h.pid for h in sel.holders})
-        ]  # fmt: skip
+        self.result["freed_mib"] = sum(max(0, g["memory_used"] - used_after.get(g["index"], 0)) for g in selected)
         for q in survivors:
             st = read_stat(q.pid)
             q.state = st[0] if st else q.state
-        result["survivors"] = [{**q.describe(), "state": state_word(q.state)} for q in survivors] or leftover_holders
+        self.result["survivors"] = [{**q.describe(), "state": state_word(q.state)} for q in survivors]
         if survivors or busy:
-            parts = [
-                f"pid {q.pid} ({state_word(q.state)}, {q.memory_mib or '?'} MiB) {q.cmdline[:80]}" for q in survivors
-            ]
-            parts += [f"GPU {g['index']} still uses {g['memory_used']} MiB" for g in busy]
-            module.fail_json(
-                msg=f"GPUs are not free after {p['grace'] + p['timeout']:.0f} s: {'; '.join(parts)}; processes in "
-                "D state or zombies wait on the driver, so check dmesg and, if they persist, reset the GPU.",
-                **result,
-            )
+            self.fail(self.explain(sel, procs, survivors, busy))
+
+    def explain(self, sel: Selection, procs: dict[int, Proc], survivors: list[Proc], busy: list[dict]) -> str:
+        """Scan again and say who holds the memory now: restarts, survivors by state, spared processes."""
+        now = self.scan()
+        busy_idx = {g["index"] for g in busy}
+        first_seen = {(q.pid, q.starttime) for q in procs.values()}
+        spared = {q.pid: sel.reasons.get(q.pid, "spared") for q in [*sel.spared, *sel.observers]}
+        holders_after, parts, restarted = [], [], False
+        for q in sorted(now.values(), key=lambda q: q.pid):
+            if not (q.gpus & busy_idx or (q.control and not q.gpus and busy_idx)) or q.pid in sel.protected:
+                continue
+            entry = {**q.describe(), "state": state_word(q.state), "new": (q.pid, q.starttime) not in first_seen}
+            holders_after.append(entry)
+            if entry["new"]:
+                restarted = True
+                parent = now.get(q.ppid)
+                by = f"pid {q.ppid} ({parent.cmdline[:60]})" if parent else f"pid {q.ppid}"
+                parts.append(f"pid {q.pid} is new since the scan, started by {by}: a restart")
+            elif q.pid in spared:
+                parts.append(f"pid {q.pid} was spared ({spared[q.pid]})")
+            elif q.state in ("D", "Z"):
+                parts.append(f"pid {q.pid} is in {state_word(q.state)}")
+            else:
+                parts.append(f"pid {q.pid} ({state_word(q.state)}) {q.cmdline[:60]}")
+        self.result["holders_after"] = holders_after
+        gpus = ", ".join(f"GPU {g['index']} uses {g['memory_used']} MiB" for g in busy)
+        waited = f"{self.p['grace'] + self.p['timeout']:.0f} s"
+        if restarted:
+            fix = "stop what restarts the job (its supervisor or unit: stop_unit, or widen match) and run again"
+        elif any(q.state in ("D", "Z") for q in survivors) or any(e["state"] in _STUCK for e in holders_after):
+            fix = ("processes in D state or zombies wait on the driver, so check dmesg and, if they persist, "
+                   "reset the GPU")
+        elif holders_after:
+            fix = "stop the processes named, or widen gpus, match or include_observers"
+        else:
+            fix = "no process holds them now, so the driver still frees the memory: check dmesg and nvidia-smi"
+        survivor_text = "; ".join(f"pid {q.pid} survived ({state_word(q.state)})" for q in survivors)
+        holders_text = "; ".join(parts) or "no process holds them"
+        detail = "; ".join(t for t in (gpus, survivor_text, holders_text) if t)
+        return f"GPUs are not free after {waited}: {detail}; {fix}."
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    cleanup = GpuCleanup(module)
+    cleanup.validate()
+    try:
+        cleanup.run()
     except Exception as exc:  # the unexpected gets a traceback
-        module.fail_json(msg=f"gpu_cleanup failed unexpectedly: {exc}", exception=traceback.format_exc(), **result)
-    module.exit_json(**result)
+        module.fail_json(msg=f"gpu_cleanup failed unexpectedly: {exc}", exception=traceback.format_exc(),
+                         **cleanup.result)
+    module.exit_json(**cleanup.result)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,13 @@ description:
     tensors are dropped) a temporary file beside the original gets the new header and a kernel copy of
     the data, is fsynced and checked, then atomically replaces the original.
   - Works on a single file, a directory, or a sharded checkpoint (C(model.safetensors.index.json) and its
-    shards; the index's C(weight_map) is renamed too).
+    shards). The index's C(weight_map) converges on every run to the tensors the shards hold, whatever an
+    earlier, interrupted run left behind; a failure part-way says which files were rewritten and which not.
+  - Temporary files of runs that were killed mid-write (C(.NAME.tmp-PID) whose PID is gone) are removed
+    before writing and reported; check mode predicts the recovery of a pending journal exactly as a real
+    run would carry it out.
+  - A path that is a symbolic link (a Hugging Face cache entry pointing into its blobs) is replaced by a
+    regular file holding the result; the file it pointed to is left unchanged. Both write paths do this.
 version_added: "0.1.0"
 author: eagle3-ops
 options:
@@ -103,20 +109,39 @@ index:
   returned: always
   type: str
   sample: /srv/d/model.safetensors.index.json
+index_changes:
+  description:
+    - How the index's weight_map converges, C(renamed) names by the rules, names C(added) because a shard holds
+      them and the index did not list them, names C(removed) because no shard holds them.
+  returned: always
+  type: dict
+  sample: {renamed: 10, added: [], removed: []}
+removed_temporaries:
+  description: Temporary files of killed runs (C(.NAME.tmp-PID) with a dead PID) removed before writing.
+  returned: always
+  type: list
+  elements: str
+  sample: [/srv/d/.model.safetensors.tmp-4121]
 """
 
 import os
 import traceback
+from typing import Any
 
 from ansible.module_utils._safetensors import (
     INDEX_NAME,
+    Plan,
     SafetensorsError,
     apply,
+    method_for,
     plan,
     plan_names,
     read_header,
+    read_header_as_recovered,
     read_index,
     recover,
+    rename,
+    stale_temporaries,
     write_json_atomic,
 )
 from ansible.module_utils.basic import AnsibleModule
@@ -145,6 +170,148 @@ def find_targets(path: str) -> tuple[str | None, list[str]]:
     return None, [path]
 
 
+class Progress:
+    """What has been written so far, so that a failure part-way can say exactly what changed."""
+
+    def __init__(self) -> None:
+        self.rewritten: list[str] = []
+        self.pending: list[str] = []
+        self.index_written = False
+
+
+class SafetensorsRemapper:
+    """One run of the module: plan every file, then (unless in check mode) carry the plan out."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.params = module.params
+        self.check = module.check_mode
+        self.rules = [(r["from"], r["to"]) for r in self.params["rules"]]
+        self.result: dict[str, Any] = {
+            "changed": False, "files": [], "renames": [], "dropped": [], "index": None, "removed_temporaries": [],
+            "index_changes": {"renamed": 0, "added": [], "removed": []},
+        }  # fmt: skip
+        self.progress = Progress()
+
+    def fail(self, msg: str) -> None:
+        self.module.fail_json(msg=msg, **self.result)
+
+    def validate(self) -> None:
+        for r in self.params["rules"]:
+            if not r["from"]:
+                self.fail("A rule's 'from' is empty, which would rename every tensor: give a prefix.")
+
+    def run(self) -> None:
+        index_path, files = find_targets(self.params["path"])
+        self.result["index"] = index_path
+        self.clean_temporaries([*files, *([index_path] if index_path else [])])
+        headers, recovered = self.headers(files)
+        plans = [plan(h, self.rules, self.params["drop"]) for h in headers]
+        all_new = [n for pl in plans for n in pl.new_names]
+        plan_names(self.params["path"], all_new, [], [])  # names stay unique across shards too
+        missing = [name for name in self.params["require"] if name not in set(all_new)]
+        if missing:
+            self.fail(f"{self.params['path']} lacks the required tensors {', '.join(missing)} (after renaming): "
+                      "check the rules or the checkpoint.")
+        index_obj = self.converge_index(index_path, plans) if index_path else None
+        self.report_plans(plans, recovered)
+        self.progress.pending = [pl.header.path for pl in plans if pl.changed]
+        if not self.check:
+            self.write(plans, index_path, index_obj)
+        self.result["changed"] = bool(
+            self.result["renames"] or self.result["dropped"] or any(recovered.values())
+            or self.result["removed_temporaries"] or index_obj is not None
+        )  # fmt: skip
+        if self.module._diff and self.result["changed"]:
+            self.result["diff"] = {
+                "before": "\n".join(sorted(n for pl in plans for n in pl.header.names)) + "\n",
+                "after": "\n".join(sorted(all_new)) + "\n",
+                "before_header": self.params["path"],
+                "after_header": self.params["path"],
+            }
+
+    def clean_temporaries(self, paths: list[str]) -> None:
+        stale = stale_temporaries(paths)
+        if not self.check:
+            for path in stale:
+                os.unlink(path)
+        self.result["removed_temporaries"] = stale
+
+    def headers(self, files: list[str]) -> tuple[list, dict[str, bool]]:
+        """Each file's header as it is after recovering an interrupted in-place write (predicted in check mode)."""
+        headers, recovered = [], {}
+        for f in files:
+            if self.check:
+                header, recovered[f] = read_header_as_recovered(f)
+            else:
+                recovered[f] = recover(f)
+                header = read_header(f)
+            headers.append(header)
+        return headers, recovered
+
+    def converge_index(self, index_path: str, plans: list[Plan]) -> dict[str, Any] | None:
+        """The index with a weight_map that matches the shards after this run, or None when it already does.
+
+        The rules are applied to the index's own names (so names an earlier run renamed in the shards but not
+        in the index are caught), then the map is checked against what each shard will hold: names no shard
+        holds are removed, names the index lacks are added, so the index converges whatever happened before.
+        """
+        index_obj = read_index(index_path)
+        base = os.path.dirname(index_path)
+        holder = {name: os.path.relpath(pl.header.path, base) for pl in plans for name in pl.new_names}
+        dropped = {d for pl in plans for d in pl.dropped}
+        new_map: dict[str, str] = {}
+        renamed = 0
+        for name in index_obj["weight_map"]:
+            new_name = rename(name, self.rules)
+            renamed += new_name != name
+            if name in dropped or new_name not in holder:
+                continue
+            new_map[new_name] = holder[new_name]
+        removed = sorted(n for n in index_obj["weight_map"] if rename(n, self.rules) not in new_map)
+        added = sorted(n for n in holder if n not in new_map)
+        for name in added:
+            new_map[name] = holder[name]
+        self.result["index_changes"] = {"renamed": renamed, "added": added, "removed": removed}
+        if new_map == index_obj["weight_map"]:
+            return None
+        index_obj["weight_map"] = new_map
+        return index_obj
+
+    def report_plans(self, plans: list[Plan], recovered: dict[str, bool]) -> None:
+        for pl in plans:
+            self.result["files"].append({
+                "path": pl.header.path, "method": method_for(pl), "renamed": len(pl.renames),
+                "dropped": len(pl.dropped), "tensors": len(pl.new_names), "recovered": recovered[pl.header.path],
+            })  # fmt: skip
+            self.result["renames"] += [list(r) for r in pl.renames]
+            self.result["dropped"] += pl.dropped
+
+    def write(self, plans: list[Plan], index_path: str | None, index_obj: dict[str, Any] | None) -> None:
+        for pl in plans:
+            if pl.changed:
+                apply(pl)
+                self.progress.rewritten.append(pl.header.path)
+                self.progress.pending.remove(pl.header.path)
+        if index_path and index_obj is not None:
+            write_json_atomic(index_path, index_obj)
+            self.progress.index_written = True
+
+    def describe_failure(self, where: str, why: str) -> str:
+        """One sentence: what failed, what was and was not changed, and the fix."""
+        done, todo = self.progress.rewritten, self.progress.pending
+        index = self.result["index"]
+        if not done:
+            state = "the original is unchanged" if not index else "no file was changed"
+        else:
+            state = f"already rewritten: {', '.join(done)}"
+            if todo:
+                state += f"; not rewritten: {', '.join(todo)}"
+            if index and not self.progress.index_written:
+                state += f"; {index} still lists the old names"
+        return f"Writing {where} failed ({why}); {state}: free space or fix permissions, then rerun, which converges."
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -160,82 +327,18 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    p = module.params
-    result = {"changed": False, "files": [], "renames": [], "dropped": [], "index": None}
-    rules = [(r["from"], r["to"]) for r in p["rules"]]
-    for r in p["rules"]:
-        if not r["from"]:
-            module.fail_json(msg="A rule's 'from' is empty, which would rename every tensor: give a prefix.", **result)
+    remapper = SafetensorsRemapper(module)
+    remapper.validate()
     try:
-        index_path, files = find_targets(p["path"])
-        result["index"] = index_path
-        # Roll back any in-place rewrite that an earlier run did not finish, before reading headers.
-        recovered = {f: (recover(f) if not module.check_mode else False) for f in files}
-        plans = [plan(read_header(f), rules, p["drop"]) for f in files]
-        # Names must stay unique across shards too.
-        all_new = [n for pl in plans for n in pl.new_names]
-        plan_names(p["path"], all_new, [], [])
-        missing = [name for name in p["require"] if name not in set(all_new)]
-        if missing:
-            module.fail_json(
-                msg=f"{p['path']} lacks the required tensors {', '.join(missing)} (after renaming): "
-                "check the rules or the checkpoint.",
-                **result,
-            )
-        index_obj = read_index(index_path) if index_path else None
-        index_changed = False
-        if index_obj is not None:
-            mapping = {old: new for pl in plans for old, new in pl.renames}
-            dropped_all = {d for pl in plans for d in pl.dropped}
-            new_map = {
-                mapping.get(name, name): shard
-                for name, shard in index_obj["weight_map"].items()
-                if name not in dropped_all
-            }
-            index_changed = new_map != index_obj["weight_map"]
-            index_obj["weight_map"] = new_map
-        for pl in plans:
-            method = "none"
-            if pl.changed and not module.check_mode:
-                method = apply(pl)
-            elif pl.changed:
-                method = "in_place" if not pl.dropped else "rewrite"
-            result["files"].append(
-                {
-                    "path": pl.header.path,
-                    "method": method,
-                    "renamed": len(pl.renames),
-                    "dropped": len(pl.dropped),
-                    "tensors": len(pl.new_names),
-                    "recovered": recovered[pl.header.path],
-                }
-            )
-            result["renames"] += [list(r) for r in pl.renames]
-            result["dropped"] += pl.dropped
-        if index_changed and not module.check_mode:
-            write_json_atomic(index_path, index_obj)
-        result["changed"] = bool(result["renames"] or result["dropped"] or index_changed or any(recovered.values()))
-        if module._diff and result["changed"]:
-            before = sorted(n for pl in plans for n in pl.header.names)
-            result["diff"] = {
-                "before": "\n".join(before) + "\n",
-                "after": "\n".join(sorted(all_new)) + "\n",
-                "before_header": p["path"],
-                "after_header": p["path"],
-            }
+        remapper.run()
     except SafetensorsError as exc:
-        module.fail_json(msg=str(exc), **result)
+        remapper.fail(str(exc))
     except OSError as exc:
-        where = exc.filename or p["path"]
-        module.fail_json(
-            msg=f"Writing {where} failed ({exc.strerror}); the original is unchanged: free space or fix permissions.",
-            **result,
-        )
+        remapper.fail(remapper.describe_failure(exc.filename or module.params["path"], exc.strerror or str(exc)))
     except Exception as exc:
-        module.fail_json(
-            msg=f"safetensors_remap failed unexpectedly: {exc}", exception=traceback.format_exc(), **result
-        )
-    module.exit_json(**result)
+        module.fail_json(msg=f"safetensors_remap failed unexpectedly: {exc}", exception=traceback.format_exc(),
+                         **remapper.result)
+    module.exit_json(**remapper.result)
 
 
 if __name__ == "__main__":

@@ -67,3 +67,12 @@ def test_limit_narrows_the_fleet(clean_lab):
     run_playbook("cleanup.yml", "-l", "servers", "-e", "gpu_cleanup_grace=1")
     assert memory(130)[0] < 100
     assert memory(129)[0] >= 30000
+
+
+def test_an_exporter_in_the_container_is_spared_as_an_observer(clean_lab):
+    job = start_job(129, "0-1", "--observer")
+    proc = run_playbook("cleanup.yml", "-l", "trainers", "-e", "gpu_cleanup_grace=1")
+    assert max(memory(129)) < 100
+    assert pct("exec", "129", "--", "kill", "-0", str(job["observer"]), check=False).returncode == 0
+    assert "spared: observers=1" in proc.stdout
+    pct("exec", "129", "--", "kill", str(job["observer"]))

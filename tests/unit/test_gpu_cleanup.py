@@ -8,33 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-import pytest
 from safetensors.numpy import save_file
 
 from tests.modules import run_module
-
-NVEMU = Path(__file__).resolve().parents[2] / "eagle3_ops" / "lab" / "nvemu.py"
-
-
-@pytest.fixture
-def gpus(tmp_path, monkeypatch):
-    dev = tmp_path / "dev"
-    dev.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
-        (dev / name).write_bytes(b"")
-    monkeypatch.setenv("NVEMU_DEV_DIR", str(dev))
-    monkeypatch.setenv("NVEMU_CTX_DIR", str(tmp_path / "ctx"))
-    started: list[int] = []
-    yield {"dev": str(dev), "smi": f"{sys.executable} {NVEMU} smi", "started": started}
-    subprocess.run(["pkill", "-9", "-f", f"{NVEMU} workload"], check=False)
-    for pid in started:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+from tests.unit.conftest import NVEMU
 
 
 def workload(gpus, *args: str) -> dict[str, int]:

@@ -175,12 +175,37 @@ BAD = {
             },
             b"\0" * 8,
         ),
-        "overlaps the tensor before it",
+        "tensors 'layers.0.a' [0, 8] and 'layers.0.b' [4, 8] overlap",
     ),
     "gap": (
         _raw({"layers.0.a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8),
-        "has a gap before tensor",
+        "has a gap at bytes 0..4 that no tensor covers",
     ),
+    # One tensor's offsets point into another: name it (not the intact tensor before it) and where it fits.
+    "moved-into-a-neighbour": (
+        _raw(
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+                "c": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            b"\0" * 24,
+        ),
+        "tensor 'c' [4, 12] overlaps tensor 'a' [0, 8]; its 8 bytes fit the gap at 16..24",
+    ),
+    # The first tensor moved past its neighbour: the gap it left comes first, the fault is still its own.
+    "moved-past-a-neighbour": (
+        _raw(
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [12, 20]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+                "c": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]},
+            },
+            b"\0" * 24,
+        ),
+        "tensor 'a' [12, 20] overlaps tensor 'b' [8, 16]; its 8 bytes fit the gap at 0..8",
+    ),
+    "empty-header": (struct.pack("<Q", 0) + b"\0" * 8, "its header is empty (declared length 0)"),
     "unknown-dtype": (
         _raw({"layers.0.a": {"dtype": "F12", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8),
         "unknown dtype 'F12'",
@@ -215,6 +240,22 @@ def test_bad_inputs_fail_clearly_and_change_nothing(tmp_path, capsys, case):
     assert res["msg"].count(". ") == 0 and "\n" not in res["msg"]  # one sentence
     assert path.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors"]
+
+
+@pytest.mark.parametrize("dtype", sorted(codec.DTYPE_BITS))
+def test_every_dtype_of_the_format_is_accepted_with_its_element_size(tmp_path, capsys, dtype):
+    # 8 elements: a whole number of bytes for every dtype, 4-bit and 6-bit ones included.
+    size = 8 * codec.DTYPE_BITS[dtype] // 8
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(_raw({"layers.0.w": {"dtype": dtype, "shape": [8], "data_offsets": [0, size]}}, b"\1" * size))
+    res = remap(capsys, path=str(path))
+    assert res["changed"] and res["renames"] == [["layers.0.w", "midlayer.w"]], res
+    assert codec.read_header(str(path)).tensors[0].dtype == dtype
+
+
+def test_the_fnuz_float8_dtypes_are_one_byte_each():
+    assert codec.DTYPE_BITS["F8_E4M3FNUZ"] == codec.DTYPE_BITS["F8_E5M2FNUZ"] == 8
+    assert len(codec.DTYPE_BITS) == 22  # every dtype safetensors 0.8 defines
 
 
 def test_a_declared_header_over_100mb_is_refused_unread(tmp_path, capsys):
@@ -316,3 +357,167 @@ def test_module_documentation_parses():
     assert doc["module"] == "safetensors_remap"
     yaml.safe_load(mod.EXAMPLES)
     yaml.safe_load(mod.RETURN)
+
+
+# -- adversarial trials: interrupted runs, leftovers, links -------------------------------------
+
+
+def _sharded(tmp_path: Path) -> tuple[Path, Path]:
+    tensors = drafter_tensors()
+    names = sorted(tensors)
+    shard_a = tmp_path / "model-00001-of-00002.safetensors"
+    shard_b = tmp_path / "model-00002-of-00002.safetensors"
+    save_file({k: tensors[k] for k in names[: len(names) // 2]}, str(shard_a))
+    save_file({k: tensors[k] for k in names[len(names) // 2 :]}, str(shard_b))
+    index = {"metadata": {"total_size": 1}, "weight_map": {}}
+    for shard in (shard_a, shard_b):
+        with safe_open(str(shard), "np") as f:
+            index["weight_map"].update({k: shard.name for k in f.keys()})  # noqa: SIM118
+    (tmp_path / codec.INDEX_NAME).write_text(json.dumps(index))
+    return shard_a, shard_b
+
+
+def _index_matches_shards(directory: Path) -> None:
+    weight_map = json.loads((directory / codec.INDEX_NAME).read_text())["weight_map"]
+    held = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(shard), "np") as f:
+            held.update({k: shard.name for k in f.keys()})  # noqa: SIM118
+    assert weight_map == held
+
+
+def test_an_index_left_behind_by_an_earlier_run_converges(tmp_path, capsys):
+    shard_a, _ = _sharded(tmp_path)
+    # An earlier run renamed one shard on its own (or died before writing the index).
+    assert remap(capsys, path=str(shard_a))["changed"]
+    res = remap(capsys, path=str(tmp_path))
+    assert res["changed"] and res["index_changes"]["renamed"] == 10
+    _index_matches_shards(tmp_path)
+    assert remap(capsys, path=str(tmp_path))["changed"] is False
+
+
+def test_an_index_listing_names_no_shard_holds_is_repaired(tmp_path, capsys):
+    _sharded(tmp_path)
+    index = json.loads((tmp_path / codec.INDEX_NAME).read_text())
+    index["weight_map"]["ghost.weight"] = "model-00001-of-00002.safetensors"
+    del index["weight_map"]["fc.weight"]
+    (tmp_path / codec.INDEX_NAME).write_text(json.dumps(index))
+    res = remap(capsys, path=str(tmp_path))
+    assert res["index_changes"]["removed"] == ["ghost.weight"] and res["index_changes"]["added"] == ["fc.weight"]
+    _index_matches_shards(tmp_path)
+
+
+def test_check_mode_predicts_the_index_repair(tmp_path, capsys):
+    shard_a, _ = _sharded(tmp_path)
+    remap(capsys, path=str(shard_a))
+    before = (tmp_path / codec.INDEX_NAME).read_bytes()
+    res = remap(capsys, check=True, path=str(tmp_path))
+    assert res["changed"] is True and res["index_changes"]["renamed"] == 10
+    assert (tmp_path / codec.INDEX_NAME).read_bytes() == before
+
+
+def test_a_failed_index_write_says_which_shards_were_rewritten(tmp_path, capsys, monkeypatch):
+    import errno
+
+    shard_a, shard_b = _sharded(tmp_path)
+    load_module("safetensors_remap")  # registers the codec under its ansible.module_utils name
+    codec_mod = sys.modules["ansible.module_utils._safetensors"]
+
+    def no_space(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(codec_mod, "write_json_atomic", no_space)
+    res = remap(capsys, path=str(tmp_path))
+    assert res["failed"] and "the original is unchanged" not in res["msg"]
+    assert f"already rewritten: {shard_a}, {shard_b}" in res["msg"]
+    assert "still lists the old names" in res["msg"]
+    monkeypatch.undo()
+    again = remap(capsys, path=str(tmp_path))
+    assert again["changed"] and not again["renames"]  # only the index was left to converge
+    _index_matches_shards(tmp_path)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temporaries_of_killed_runs_are_removed_and_reported(ckpt, capsys):
+    dead = ckpt.parent / f".{ckpt.name}.tmp-{_dead_pid()}"
+    dead.write_bytes(b"\0" * 4096)
+    live = ckpt.parent / f".{ckpt.name}.tmp-{os.getppid()}"  # a writer that still runs: not ours to remove
+    live.write_bytes(b"\0")
+    other = ckpt.parent / f".unrelated.safetensors.tmp-{_dead_pid()}"
+    other.write_bytes(b"\0")
+    checked = remap(capsys, check=True, path=str(ckpt))
+    assert checked["removed_temporaries"] == [str(dead)] and dead.exists()
+    res = remap(capsys, path=str(ckpt))
+    assert res["removed_temporaries"] == [str(dead)]
+    assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_a_rewrite_killed_mid_copy_is_cleaned_up_by_the_next_run(ckpt, capsys):
+    env = {**os.environ, "EAGLE3_CRASH_AT": "rewrite-data-copied"}
+    script = CRASH_SCRIPT.replace('{{"path": {path!r}}}', '{{"path": {path!r}, "drop": ["^t2d$"]}}')
+    proc = subprocess.run(
+        [sys.executable, "-c", script.format(root=str(ROOT), path=str(ckpt))], env=env, capture_output=True
+    )
+    assert proc.returncode == -9
+    leftovers = list(ckpt.parent.glob(f".{ckpt.name}.tmp-*"))
+    assert len(leftovers) == 1 and leftovers[0].stat().st_size > 0
+    res = remap(capsys, path=str(ckpt), drop=["^t2d$"])
+    assert res["removed_temporaries"] == [str(leftovers[0])] and res["dropped"] == ["t2d"]
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == [ckpt.name]
+
+
+def test_a_failed_in_place_write_leaves_no_journal(ckpt, capsys):
+    digest = sha(ckpt)
+    if subprocess.run(["chattr", "+i", str(ckpt)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem has no immutable attribute")
+    try:
+        res = remap(capsys, path=str(ckpt))
+        assert res["failed"] and "Operation not permitted" in res["msg"] and "the original is unchanged" in res["msg"]
+    finally:
+        subprocess.run(["chattr", "-i", str(ckpt)], check=True)
+    assert sha(ckpt) == digest
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == [ckpt.name]
+    res = remap(capsys, path=str(ckpt))
+    assert res["changed"] and res["files"][0]["recovered"] is False
+
+
+@pytest.mark.parametrize("point", ["journal-written", "header-half-written", "header-written"])
+def test_check_mode_predicts_what_the_recovery_will_do(ckpt, capsys, point):
+    env = {**os.environ, "EAGLE3_CRASH_AT": point}
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT.format(root=str(ROOT), path=str(ckpt))], env=env, capture_output=True
+    )
+    assert proc.returncode == -9
+    state = {p.name: p.read_bytes() for p in ckpt.parent.iterdir()}
+    predicted = remap(capsys, check=True, path=str(ckpt))
+    assert not predicted.get("failed"), predicted
+    assert {p.name: p.read_bytes() for p in ckpt.parent.iterdir()} == state  # check mode wrote nothing
+    real = remap(capsys, path=str(ckpt))
+    for key in ("changed", "renames", "dropped"):
+        assert predicted[key] == real[key], key
+    assert predicted["files"][0]["recovered"] == real["files"][0]["recovered"] is True
+    assert predicted["files"][0]["method"] == real["files"][0]["method"]
+
+
+@pytest.mark.parametrize("drop", [[], ["^t2d$"]], ids=["header-fits", "rewrite"])
+def test_a_symlinked_checkpoint_is_replaced_by_a_file_and_the_blob_left_alone(tmp_path, capsys, drop):
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    blob = blobs / "3f2a9c"
+    save_file(drafter_tensors(), str(blob))
+    digest = sha(blob)
+    snapshot = tmp_path / "snapshots" / "main"
+    snapshot.mkdir(parents=True)
+    link = snapshot / "model.safetensors"
+    link.symlink_to(blob)
+    res = remap(capsys, path=str(link), drop=drop)
+    assert res["changed"] and res["files"][0]["method"] == "rewrite"
+    assert sha(blob) == digest  # the content-addressed blob is untouched
+    assert not link.is_symlink() and link.is_file()
+    assert "midlayer.mlp.up_proj.weight" in load_file(str(link))
+    assert sorted(p.name for p in snapshot.iterdir()) == ["model.safetensors"]

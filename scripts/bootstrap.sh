@@ -41,4 +41,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+# This checkout is the collection eagle3.ops: ansible.cfg's collections_path starts at .venv, where this link
+# makes eagle3.ops.* resolve to the working tree (edits apply at once, no reinstall).
+mkdir -p .venv/ansible_collections/eagle3
+ln -sfn ../../.. .venv/ansible_collections/eagle3/ops
 echo "bootstrap: ready (.venv with $(.venv/bin/ansible --version | head -1))"

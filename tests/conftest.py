@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.modules import init_collection_loader
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 # The tests run against a lab of their own (tests/lab: the lab inventory with its state moved aside), so
@@ -24,6 +26,12 @@ LAB_API_PORT = 8106
 LAB_ROOT = Path("/var/lib/eagle3-lab-test")
 LAB_LXC_PATH = LAB_ROOT / "lxc"
 PCT = str(LAB_ROOT / "sbin" / "pct")
+
+
+# In-process imports of eagle3.ops (module_utils in module tests, plugins through the loaders) go through
+# ansible's own collection loader, as in a play.
+init_collection_loader()
+
 # The user's lab (inventory/lab): the tests check they leave it as they found it.
 USER_LAB_ROOT = Path("/var/lib/eagle3-lab")
 

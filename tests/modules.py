@@ -2,37 +2,62 @@
 
 from __future__ import annotations
 
-import importlib.abc
+import atexit
+import importlib
 import importlib.util
 import json
-import sys
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from ansible.plugins.loader import init_plugin_loader
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class _ProjectModuleUtils(importlib.abc.MetaPathFinder):
-    """Resolve ansible.module_utils._x to plugins/module_utils/_x.py, as AnsiballZ does on targets."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        prefix = "ansible.module_utils._"
-        if not fullname.startswith(prefix) or "." in fullname[len(prefix) :]:
-            return None
-        candidate = ROOT / "plugins" / "module_utils" / f"{fullname[len('ansible.module_utils.') :]}.py"
-        return importlib.util.spec_from_file_location(fullname, candidate) if candidate.exists() else None
+MODULE_UTILS = "ansible_collections.eagle3.ops.plugins.module_utils"
+_COLLECTIONS: list[Path] = []
 
 
-def _alias_module_utils() -> None:
-    if not any(isinstance(f, _ProjectModuleUtils) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ProjectModuleUtils())
+def init_collection_loader() -> Path:
+    """Configure ansible's collection loader with a path holding this checkout as eagle3.ops (a link).
+
+    Idempotent; the link and its directory are removed when the process exits.
+    """
+    if _COLLECTIONS:
+        return _COLLECTIONS[0]
+    inherited = os.environ.get("EAGLE3_TEST_COLLECTIONS")
+    if inherited and Path(inherited, "ansible_collections", "eagle3", "ops").exists():
+        # A child of a test process (a crash-injection run): the parent's path, which the parent removes.
+        init_plugin_loader([inherited])
+        _COLLECTIONS.append(Path(inherited))
+        return _COLLECTIONS[0]
+    root = Path(tempfile.mkdtemp(prefix="eagle3-ops-collections-"))
+    (root / "ansible_collections" / "eagle3").mkdir(parents=True)
+    link = root / "ansible_collections" / "eagle3" / "ops"
+    link.symlink_to(ROOT, target_is_directory=True)
+
+    def remove() -> None:
+        link.unlink()  # the link itself, never what it points to
+        shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(remove)
+    init_plugin_loader([str(root)])
+    os.environ["EAGLE3_TEST_COLLECTIONS"] = str(root)
+    _COLLECTIONS.append(root)
+    return root
+
+
+def module_utils(name: str):
+    """plugins/module_utils/NAME.py under its collection name, through ansible's collection loader (conftest)."""
+    return importlib.import_module(f"{MODULE_UTILS}.{name}")
 
 
 def load_module(name: str):
-    _alias_module_utils()
     spec = importlib.util.spec_from_file_location(
         f"eagle3_test_module_{name}", ROOT / "plugins" / "modules" / f"{name}.py"
     )

@@ -21,7 +21,7 @@ version_added: "0.1.0"
 author: eagle3-ops
 extends_documentation_fragment:
   # every option of ansible-core's ssh connection, pipelining included (with its [ssh_connection] ini key)
-  - pct_ssh
+  - eagle3.ops.pct_ssh
 options:
   vmid:
     description:

@@ -23,7 +23,7 @@ options:
   plugin:
     description: Token that marks this file as a configuration of this plugin.
     required: true
-    choices: [proxmox_ct]
+    choices: [eagle3.ops.proxmox_ct, proxmox_ct]
   url:
     description: API URL of any node, e.g. C(https://pve1.example.org:8006).
     type: str
@@ -76,7 +76,7 @@ options:
 
 EXAMPLES = r"""
 # inventory/fleet.proxmox_ct.yml
-plugin: proxmox_ct
+plugin: eagle3.ops.proxmox_ct
 url: https://pve1.example.org:8006
 user: automation@pve
 token_id: eagle3
@@ -116,7 +116,7 @@ def safe_group(name: str) -> str:
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
-    NAME = "proxmox_ct"
+    NAME = "eagle3.ops.proxmox_ct"
 
     def verify_file(self, path: str) -> bool:
         return super().verify_file(path) and path.endswith((".proxmox_ct.yml", ".proxmox_ct.yaml"))
@@ -207,7 +207,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             tags = [t for t in re.split(r"[;, ]+", str(config.get("tags") or res.get("tags") or "")) if t]
             gpus = gpu_indices(config)
             hostvars = {
-                "ansible_connection": "pct",
+                "ansible_connection": "eagle3.ops.pct",
                 "ansible_host": address,
                 "ansible_user": self.get_option("hypervisor_user"),
                 "pct_vmid": vmid,

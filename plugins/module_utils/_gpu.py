@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible.module_utils._safetensors import SafetensorsError, read_header
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import SafetensorsError, read_header
 
 DEFAULT_EXCLUDE = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "Xorg", "X", "nvidia-smi"]
 # Processes a job root is never taken from: whoever started the job, not the job itself.

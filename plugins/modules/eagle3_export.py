@@ -92,8 +92,8 @@ import os
 import shutil
 import traceback
 
-from ansible.module_utils._eagle3 import ExportError, check_speculators_config, check_tensors, sglang_config
-from ansible.module_utils._safetensors import (
+from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import ExportError, check_speculators_config, check_tensors, sglang_config
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     Plan,
     SafetensorsError,
     build_header,

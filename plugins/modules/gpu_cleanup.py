@@ -16,7 +16,7 @@ description:
     checking its PID was not reused.
   - Never touches processes that hold no GPU (unless O(include_non_gpu)), allow-listed daemons
     (nvidia-persistenced, nv-hostengine, dcgm-exporter, Xorg), or the module's own process tree.
-  - A job's root is never a person's session: an interactive or login shell, a terminal multiplexer pane or a
+  - A job's root is never a person's session. An interactive or login shell, a terminal multiplexer pane or a
     login session above the job is recognised from kernel facts (controlling terminal, session leadership,
     the C(-) login prefix, the shell's interactive flags, a terminal on stdin), left alone and reported in
     RV(spared_ancestors) with the reason; the job's own agent or launcher script is stopped first instead.
@@ -188,7 +188,7 @@ import time
 import traceback
 from typing import Any
 
-from ansible.module_utils._gpu import (
+from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     DEFAULT_EXCLUDE,
     Proc,
     Selection,

@@ -113,7 +113,7 @@ tasks: {description: UPIDs of the tasks run., returned: always, type: list, elem
 
 import traceback
 
-from ansible.module_utils._pve import (
+from ansible_collections.eagle3.ops.plugins.module_utils._pve import (
     PveError,
     connect,
     describe_error,

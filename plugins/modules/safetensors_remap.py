@@ -128,7 +128,7 @@ import os
 import traceback
 from typing import Any
 
-from ansible.module_utils._safetensors import (
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     INDEX_NAME,
     Plan,
     SafetensorsError,

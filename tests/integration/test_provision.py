@@ -55,7 +55,7 @@ def inventory(
                 },
                 "containers": {
                     "vars": {
-                        "ansible_connection": "pct",
+                        "ansible_connection": "eagle3.ops.pct",
                         "ansible_host": "127.0.0.1",
                         "ansible_port": LAB_PORT,
                         "ansible_user": "root",
@@ -177,7 +177,7 @@ def test_dynamic_inventory_reaches_the_containers(fleet, tmp_path):
     cfg.write_text(
         yaml.safe_dump(
             {
-                "plugin": "proxmox_ct",
+                "plugin": "eagle3.ops.proxmox_ct",
                 "url": f"https://127.0.0.1:{LAB_API_PORT}",
                 "user": "root@pam",
                 "token_id": "eagle3",
@@ -199,7 +199,7 @@ def test_dynamic_inventory_reaches_the_containers(fleet, tmp_path):
     def plain(value):  # API data is untrusted, so ansible-inventory wraps strings as unsafe
         return value["__ansible_unsafe"] if isinstance(value, dict) and "__ansible_unsafe" in value else value
 
-    assert plain(trainer["ansible_host"]) == "127.0.0.1" and plain(trainer["ansible_connection"]) == "pct"
+    assert plain(trainer["ansible_host"]) == "127.0.0.1" and plain(trainer["ansible_connection"]) == "eagle3.ops.pct"
     assert trainer["proxmox_gpu_count"] == 2 and trainer["pct_vmid"] == 171
     assert "trainer-171" in listing["trainers"]["hosts"]
     proc = run_playbook("cleanup.yml", "-i", str(cfg), "-l", "trainers")

@@ -138,10 +138,7 @@ def test_bad_arguments(gpus, capsys):
 
 
 def test_an_agent_that_also_runs_spared_gpus_is_not_a_root():
-    from tests.modules import _alias_module_utils
-
-    _alias_module_utils()
-    from ansible.module_utils._gpu import Proc, select
+    from ansible_collections.eagle3.ops.plugins.module_utils._gpu import Proc, select
 
     procs = {
         1: Proc(1, 0, 1, 1, "S", 1, "systemd", "/sbin/init"),

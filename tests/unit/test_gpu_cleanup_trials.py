@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.modules import _alias_module_utils
 from tests.unit.conftest import NVEMU
 from tests.unit.test_gpu_cleanup import alive, cleanup, used, workload
 
@@ -214,8 +213,7 @@ def test_a_busy_gpu_nobody_accounts_for_makes_its_holders_suspects(gpus, capsys,
 
 
 def _proc(pid: int, argv: list[str], *, sid: int | None = None, tty: int = 0, stdin_tty: bool = False):
-    _alias_module_utils()
-    from ansible.module_utils._gpu import Proc
+    from ansible_collections.eagle3.ops.plugins.module_utils._gpu import Proc
 
     return Proc(pid, 1, pid, pid if sid is None else sid, "S", 1, os.path.basename(argv[0]).lstrip("-")[:15],
                 " ".join(argv), tty_nr=tty, argv=argv, stdin_tty=stdin_tty)
@@ -240,8 +238,7 @@ def _proc(pid: int, argv: list[str], *, sid: int | None = None, tty: int = 0, st
     ],
 )
 def test_person_sessions_come_from_kernel_facts(argv, kw, expected):
-    _alias_module_utils()
-    from ansible.module_utils._gpu import person_session
+    from ansible_collections.eagle3.ops.plugins.module_utils._gpu import person_session
 
     why = person_session(_proc(100, argv, **kw))
     assert (why is None) if expected is None else (why is not None and why.startswith(expected)), why

@@ -11,10 +11,8 @@ os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 
 from ansible.inventory.manager import InventoryManager  # noqa: E402
 from ansible.parsing.dataloader import DataLoader  # noqa: E402
-from ansible.plugins.loader import init_plugin_loader, inventory_loader  # noqa: E402
+from ansible.plugins.loader import inventory_loader  # noqa: E402  -- conftest configured the collection loader
 
-init_plugin_loader()
-inventory_loader.add_directory(str(ROOT / "plugins" / "inventory"))
 RECORDED = json.loads((ROOT / "tests" / "data" / "pve_multinode.json").read_text())
 
 
@@ -32,10 +30,10 @@ class Recorded:
 def build(tmp_path: Path, extra: str = "") -> InventoryManager:
     cfg = tmp_path / "fleet.proxmox_ct.yml"
     cfg.write_text(
-        "plugin: proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\ntoken_secret: x\n"
+        "plugin: eagle3.ops.proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\ntoken_secret: x\n"
         "tag_groups: {trainer: trainers, server: servers}\n" + extra
     )
-    plugin_cls = inventory_loader.get("proxmox_ct", class_only=True)
+    plugin_cls = inventory_loader.get("eagle3.ops.proxmox_ct", class_only=True)
     original = plugin_cls._api
     plugin_cls._api = lambda self: Recorded()
     try:
@@ -51,7 +49,7 @@ def test_multinode_hosts_reach_their_own_node(tmp_path):
     assert hosts["trainer-a"]["ansible_host"] == "10.20.0.11"
     assert hosts["trainer-b"]["ansible_host"] == "10.20.0.12"
     assert hosts["trainer-b"]["pct_node"] == "pve2" and hosts["trainer-b"]["pct_vmid"] == 131
-    assert all(v["ansible_connection"] == "pct" for v in hosts.values())
+    assert all(v["ansible_connection"] == "eagle3.ops.pct" for v in hosts.values())
 
 
 def test_groups_from_tags_nodes_and_status(tmp_path):

@@ -14,10 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 
 from ansible.playbook.play_context import PlayContext  # noqa: E402
-from ansible.plugins.loader import connection_loader, init_plugin_loader  # noqa: E402
-
-init_plugin_loader()
-connection_loader.add_directory(str(ROOT / "plugins" / "connection"))
+from ansible.plugins.loader import connection_loader  # noqa: E402  -- conftest configured the collection loader
 
 ARGV_DUMPER = '#!/bin/sh\nfor a in "$@"; do printf \'%s\\0\' "$a"; done\n'
 
@@ -31,7 +28,7 @@ def fake_pct(tmp_path_factory) -> Path:
 
 
 def make(**options) -> object:
-    conn = connection_loader.get("pct", PlayContext(), None)
+    conn = connection_loader.get("eagle3.ops.pct", PlayContext(), None)
     assert conn is not None, "pct connection plugin not found by the loader"
     direct = {"vmid": 129, "host": "pve1.example.org", "remote_user": "root"}
     direct.update(options)

@@ -312,7 +312,8 @@ def test_disk_full_during_the_rewrite_path(tmp_path, capsys):
 CRASH_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-from tests.modules import run_module
+from tests.modules import init_collection_loader, run_module
+init_collection_loader()
 run_module("safetensors_remap", {{"path": {path!r}}})
 """
 
@@ -421,7 +422,7 @@ def test_a_failed_index_write_says_which_shards_were_rewritten(tmp_path, capsys,
 
     shard_a, shard_b = _sharded(tmp_path)
     load_module("safetensors_remap")  # registers the codec under its ansible.module_utils name
-    codec_mod = sys.modules["ansible.module_utils._safetensors"]
+    codec_mod = sys.modules["ansible_collections.eagle3.ops.plugins.module_utils._safetensors"]
 
     def no_space(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device", path)

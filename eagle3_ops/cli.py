@@ -45,8 +45,8 @@ def wait_line(stdout: str) -> str | None:
             return f"attempt {s['attempt']}, total_seq_len {s.get('total_seq_len')}: starting"
     tail = lines[-1] if lines else ""
     if tail.startswith("[") and "/" in tail:  # "[regen] 40/160 (8.4/s)", "[hidden] 150/160 ..."
-        head, _, rest = tail.partition(" ")
-        done, _, total = rest.split(" ")[0].partition("/")
+        head, _unused, rest = tail.partition(" ")
+        done, _unused, total = rest.split(" ")[0].partition("/")
         if done.isdigit() and total.isdigit():
             return f"{progress_bar(int(done), int(total))} {head} {rest}"
     return None

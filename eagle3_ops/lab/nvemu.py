@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Emulated NVIDIA GPUs for lab containers: the device-node contract, ``nvidia-smi`` and a workload.
 
 Installed inside each lab container (standard library only, Python 3.9+). The emulation follows
@@ -118,7 +117,7 @@ def scan() -> tuple[dict[str, list[int]], dict[int, list[int]]]:
 
 def live_contexts() -> list[dict]:
     """Every context with at least one live holder, with the pid nvidia-smi attributes it to."""
-    ctx_holders, _ = scan()
+    ctx_holders, _unused = scan()
     result = []
     for path, holders in ctx_holders.items():
         try:
@@ -235,7 +234,7 @@ def _select(gpus: list[dict], ids: str | None) -> list[dict]:
 def query_gpu(fields: list[str], fmt: set[str], ids: str | None) -> str:
     gpus = _select(gpu_state(), ids)
     units = "nounits" not in fmt
-    header, rows = [], [[] for _ in gpus]
+    header, rows = [], [[] for _unused in gpus]
     for f in fields:
         unit, key = GPU_FIELDS[f]
         header.append(f"{f} [{unit}]" if unit else f)
@@ -268,12 +267,12 @@ def query_apps(fields: list[str], fmt: set[str], ids: str | None) -> str:
 def table() -> str:
     gpus = gpu_state()
     now = time.strftime("%a %b %d %H:%M:%S %Y")
-    bar = "+-----------------------------------------+------------------------+----------------------+"
+    rule = "+-----------------------------------------+------------------------+----------------------+"
     out = [
         now,
         "+" + "-" * 87 + "+",
         f"| NVIDIA-SMI {DRIVER}              Driver Version: {DRIVER}      CUDA Version: {CUDA}     |",
-        bar,
+        rule,
         "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
         "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
         "=" * 89,
@@ -286,7 +285,7 @@ def table() -> str:
             f"| N/A  {g['temperature.gpu']:>3}C    {g['pstate']:<4} {pwr:>18} | {mem:>22} | "
             f"{g['utilization.gpu']:>6}%      Default |"
         )
-        out.append(bar)
+        out.append(rule)
     out += [
         "",
         "+" + "-" * 87 + "+",
@@ -399,7 +398,7 @@ def _worker(args: argparse.Namespace) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _open_control_nodes()
     Context(args.gpu, args.mib, args.util)
-    for _ in range(args.dataloader_workers):
+    for _unused in range(args.dataloader_workers):
         if os.fork() == 0:
             # DataLoader worker forked after "CUDA init": inherits the device and context fds.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """A ``pct``-compatible CLI for the local lab: Proxmox's container tool over plain LXC.
 
 Implements the subset of ``pct`` that eagle3-ops uses -- list, status, start, stop, shutdown, create,
@@ -96,7 +95,7 @@ class CtConfig:
                 continue
             if line.startswith("["):  # snapshot sections: the lab takes none
                 break
-            key, _, value = line.partition(":")
+            key, _unused, value = line.partition(":")
             key, value = key.strip(), value.strip()
             if key.startswith("lxc."):
                 conf.lxc.append((key, value))
@@ -492,8 +491,8 @@ def resolve_template(volid: str) -> str:
     if volid.startswith("/"):
         path = volid
     else:
-        storage, _, rest = volid.partition(":")
-        kind, _, name = rest.partition("/")
+        storage, _unused, rest = volid.partition(":")
+        kind, _unused, name = rest.partition("/")
         if storage != "local" or kind != "vztmpl" or not name or "/" in name:
             raise PctError(f"unable to parse volume ID '{volid}'")
         path = os.path.join(VZTMPL_DIR, name)
@@ -699,7 +698,7 @@ def _in_container(vmid: int, work: Callable[[], None]) -> int:
             sys.stderr.flush()
             os._exit(code)
     os.close(ns_fd)
-    _, status = os.waitpid(child, 0)
+    _unused, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status)
 
 

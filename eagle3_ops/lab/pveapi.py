@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """The lab's Proxmox VE API: the paths eagle3-ops calls, over HTTPS, backed by the lab's pct.
 
 Answers like PVE 9 (``/api2/json``, ``{"data": ...}`` envelopes, API token auth with

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Build and verify the lab's Debian container template (a tar of a rootfs, Proxmox ``vztmpl`` style).
 
 Why not ``lxc-create -t debian``: that template installs the extra packages in a second apt step whose
@@ -49,7 +48,7 @@ def installed_packages(status_text: str) -> set[str]:
         fields: dict[str, str] = {}
         for line in stanza.splitlines():
             if line and not line[0].isspace() and ":" in line:
-                key, _, value = line.partition(":")
+                key, _unused, value = line.partition(":")
                 fields[key] = value.strip()
         if fields.get("Status") == "install ok installed" and "Package" in fields:
             installed.add(fields["Package"])
@@ -235,7 +234,7 @@ def remove_stale_stages(template: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = ap.add_subparsers(dest="command", required=True)
     for name in ("check", "build"):
         p = sub.add_parser(name)

@@ -18,7 +18,7 @@ description:
     a symlink in the container can never redirect a write onto the hypervisor; memory use is constant
     whatever the file size.
 version_added: "0.1.0"
-author: eagle3-ops
+author: eagle3-ops contributors (@eagle3-ops)
 extends_documentation_fragment:
   # every option of ansible-core's ssh connection, pipelining included (with its [ssh_connection] ini key)
   - eagle3.ops.pct_ssh
@@ -258,7 +258,8 @@ class Connection(SSHConnection):
         b_out = to_bytes(out_path, errors="surrogate_or_strict")
         with open(b_out, "wb") as dst:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            assert proc.stdout is not None
+            if proc.stdout is None:  # Popen was given stdout=PIPE; satisfies the type checker
+                raise AnsibleConnectionFailure("pct file transfer: the ssh process has no stdout pipe")
             while chunk := proc.stdout.read(CHUNK):
                 dst.write(chunk)
             try:

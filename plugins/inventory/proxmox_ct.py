@@ -15,7 +15,7 @@ description:
     (C(node_<name>)) and from status (C(status_running)); GPU count and the raw C(lxc.*) lines (repeated keys
     kept, in order) as host variables. Supports C(compose), C(groups), C(keyed_groups) and caching.
   - The configuration file must end in C(.proxmox_ct.yml) or C(.proxmox_ct.yaml).
-author: eagle3-ops
+author: eagle3-ops contributors (@eagle3-ops)
 extends_documentation_fragment:
   - constructed
   - inventory_cache

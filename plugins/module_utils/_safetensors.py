@@ -94,7 +94,7 @@ def parse_header_bytes(path: str, prefix: bytes, header: bytes, file_size: int) 
         raise _fail(path, "its header does not start with '{'")
 
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in pairs]
+        keys = [k for k, _unused in pairs]
         if len(keys) != len(set(keys)):
             dup = next(k for k in keys if keys.count(k) > 1)
             raise ValueError(f"the name {dup!r} appears twice")
@@ -205,8 +205,8 @@ def layout_problem(tensors: list[Tensor], data_size: int) -> str | None:
     if first_overlap:
         a, b = first_overlap
         return f"tensors {_span(a)} and {_span(b)} overlap"
-    assert first_gap is not None
-    return f"the data section has a gap at bytes {first_gap[0]}..{first_gap[1]} that no tensor covers"
+    gap = first_gap or (0, 0)  # first_gap is set whenever no overlap was found (checked above)
+    return f"the data section has a gap at bytes {gap[0]}..{gap[1]} that no tensor covers"
 
 
 def read_header(path: str) -> Header:
@@ -418,7 +418,8 @@ def _crash_point(name: str) -> None:
 
 def write_in_place(header: Header, new: bytes) -> None:
     """Replace the header bytes of ``header.path`` (same length) behind an fsynced journal."""
-    assert len(new) == len(header.raw)
+    if len(new) != len(header.raw):
+        raise SafetensorsError(f"{header.path}: an in-place header must keep its length ({len(header.raw)} bytes)")
     jpath = journal_path(header.path)
     blob = JOURNAL_MAGIC + struct.pack("<QQ", header.file_size, len(header.raw)) + header.raw
     fd = os.open(jpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -531,7 +532,7 @@ def _in_place_header(plan: Plan, dest: str | None) -> bytes | None:
     """
     if plan.dropped or dest is not None or os.path.islink(plan.header.path):
         return None
-    obj, _ = build_header(plan, compact=False)
+    obj, _unused = build_header(plan, compact=False)
     try:
         return encode_header(obj, pad_to=plan.header.header_len)
     except ValueError:

@@ -22,7 +22,7 @@ description:
   - The speculators original stays loadable, in place too, since its C(config.json) and weights are kept under
     C(speculators/) (the weights as a hard link; the export writes a new file).
 version_added: "0.1.0"
-author: eagle3-ops
+author: eagle3-ops contributors (@eagle3-ops)
 options:
   src:
     description: The speculators checkpoint directory (an epoch directory such as C(SAVE/4) or C(SAVE/checkpoint_best)).
@@ -41,6 +41,8 @@ options:
     description: How many draft decoder layers the SGLang version in use can load.
     type: int
     default: 1
+extends_documentation_fragment:
+  - eagle3.ops.attributes
 attributes:
   check_mode:
     support: full
@@ -92,7 +94,13 @@ import os
 import shutil
 import traceback
 
-from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import ExportError, check_speculators_config, check_tensors, sglang_config
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import (
+    ExportError,
+    check_speculators_config,
+    check_tensors,
+    sglang_config,
+)
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     Plan,
     SafetensorsError,
@@ -104,7 +112,6 @@ from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     write_json_atomic,
     write_rewrite,
 )
-from ansible.module_utils.basic import AnsibleModule
 
 WEIGHTS = "model.safetensors"
 ORIGINAL_DIR = "speculators"
@@ -208,7 +215,7 @@ def main() -> None:
                 dest_header = read_header(os.path.join(dest, WEIGHTS))
                 same_weights = [(t.name, t.shape, t.dtype) for t in dest_header.tensors] == [
                     (new, t.shape, t.dtype) for t, new in pairs
-                ] and dest_header.file_size - dest_header.data_start == sum(t.end - t.begin for t, _ in pairs)
+                ] and dest_header.file_size - dest_header.data_start == sum(t.end - t.begin for t, _unused in pairs)
             except SafetensorsError:
                 same_weights = False
             if (

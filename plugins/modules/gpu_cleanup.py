@@ -29,7 +29,7 @@ description:
   - Refuses to stop anything while a file in O(require_paths) is missing or incomplete (the job may still be
     writing its last checkpoint), unless O(force).
 version_added: "0.1.0"
-author: eagle3-ops
+author: eagle3-ops contributors (@eagle3-ops)
 options:
   gpus:
     description: GPU indices or UUIDs to free. Default, every GPU.
@@ -91,6 +91,8 @@ options:
     description: Where the NVIDIA device nodes live.
     type: path
     default: /dev
+extends_documentation_fragment:
+  - eagle3.ops.attributes
 attributes:
   check_mode:
     support: full
@@ -188,6 +190,7 @@ import time
 import traceback
 from typing import Any
 
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     DEFAULT_EXCLUDE,
     Proc,
@@ -205,7 +208,6 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     terminate,
     wait_gone,
 )
-from ansible.module_utils.basic import AnsibleModule
 
 ARGUMENT_SPEC = {
     "gpus": {"type": "list", "elements": "str", "default": []},

@@ -19,7 +19,7 @@ description:
   - Raw C(lxc.*) lines cannot be set through the API; the proxmox_ct role writes them over the hypervisor
     ssh hop when C(devN) passthrough is not available to the credentials.
 version_added: "0.1.0"
-author: eagle3-ops
+author: eagle3-ops contributors (@eagle3-ops)
 options:
   api_host: {description: Address of a node's API., type: str, required: true}
   api_port: {description: API port., type: int, default: 8006}
@@ -71,6 +71,8 @@ options:
     description: Seconds to wait for each task.
     type: int
     default: 300
+extends_documentation_fragment:
+  - eagle3.ops.attributes
 attributes:
   check_mode: {support: full}
   diff_mode: {support: full}
@@ -113,6 +115,7 @@ tasks: {description: UPIDs of the tasks run., returned: always, type: list, elem
 
 import traceback
 
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._pve import (
     PveError,
     connect,
@@ -122,7 +125,6 @@ from ansible_collections.eagle3.ops.plugins.module_utils._pve import (
     render_desired,
     wait_task,
 )
-from ansible.module_utils.basic import AnsibleModule
 
 
 def main() -> None:
@@ -253,7 +255,7 @@ def main() -> None:
                 result["updated"] = sorted([*changes, *deletes])
                 if module._diff:
                     before = {k: str(current.get(k, "")) for k in result["updated"] if k in current}
-                    after = {k: v for k, v in changes.items()}
+                    after = dict(changes)
                     result["diff"] = {
                         "before": "".join(f"{k}: {v}\n" for k, v in sorted(before.items())),
                         "after": "".join(f"{k}: {v}\n" for k, v in sorted(after.items())),

@@ -27,7 +27,7 @@ description:
   - A path that is a symbolic link (a Hugging Face cache entry pointing into its blobs) is replaced by a
     regular file holding the result; the file it pointed to is left unchanged. Both write paths do this.
 version_added: "0.1.0"
-author: eagle3-ops
+author: eagle3-ops contributors (@eagle3-ops)
 options:
   path:
     description:
@@ -62,6 +62,8 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - eagle3.ops.attributes
 attributes:
   check_mode:
     support: full
@@ -128,6 +130,7 @@ import os
 import traceback
 from typing import Any
 
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     INDEX_NAME,
     Plan,
@@ -144,7 +147,6 @@ from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     stale_temporaries,
     write_json_atomic,
 )
-from ansible.module_utils.basic import AnsibleModule
 
 
 def find_targets(path: str) -> tuple[str | None, list[str]]:

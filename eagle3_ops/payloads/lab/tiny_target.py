@@ -86,7 +86,7 @@ def build_model(out: str, tok: object, pairs: list[tuple[str, str]], args: argpa
     )  # fmt: skip
     model = LlamaForCausalLM(config)
     rows = encode_pairs(tok, pairs)
-    width = max(len(ids) for ids, _ in rows)
+    width = max(len(ids) for ids, _unused in rows)
     ids = torch.full((len(rows), width), tok.pad_token_id)
     labels = torch.full((len(rows), width), -100)
     for i, (row, start) in enumerate(rows):
@@ -96,7 +96,7 @@ def build_model(out: str, tok: object, pairs: list[tuple[str, str]], args: argpa
     gen = torch.Generator().manual_seed(args.seed)
     loss = torch.tensor(float("nan"))
     model.train()
-    for _ in range(args.steps):
+    for _unused in range(args.steps):
         pick = torch.randint(0, len(rows), (min(args.batch, len(rows)),), generator=gen)
         loss = model(input_ids=ids[pick], labels=labels[pick]).loss
         opt.zero_grad()

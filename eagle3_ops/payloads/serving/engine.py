@@ -268,7 +268,7 @@ class Engine:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        logits, _, cache = self._target(prompt_ids, cache)
+        logits, _unused, cache = self._target(prompt_ids, cache)
         out: list[int] = []
         while len(out) < max_new:
             tok = int(torch.argmax(logits[-1]))
@@ -280,7 +280,7 @@ class Engine:
                 on_tokens([tok])
             if tok == self.eos or len(out) >= max_new:
                 break
-            logits, _, cache = self._target([tok], cache)
+            logits, _unused, cache = self._target([tok], cache)
         self._count(len(out), 0, 0)
         return {"output_ids": out, "verify_steps": 0, "accepted_drafts": 0}
 

@@ -39,7 +39,7 @@ def _series(metrics: dict[str, Any], word: str) -> list[float]:
         m = re.search(rf"(?:^|/){word}[_/]?(\d+)(?:_epoch)?$", key)
         if m and isinstance(value, (int, float)):
             found.append((int(m.group(1)), float(value)))
-    return [v for _, v in sorted(found)]
+    return [v for _unused, v in sorted(found)]
 
 
 def epoch_summary(val_metrics: dict[str, Any]) -> dict[str, Any]:

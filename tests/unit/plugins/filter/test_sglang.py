@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
+from tests.modules import ROOT
+
+sys.path.insert(0, str(ROOT / "plugins" / "filter"))
 from sglang import bench_point, sglang_speculative_args
 
 

@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-NVEMU = Path(__file__).resolve().parents[2] / "eagle3_ops" / "lab" / "nvemu.py"
+from tests.modules import ROOT
+
+NVEMU = ROOT / "eagle3_ops" / "lab" / "nvemu.py"
 
 
 @pytest.fixture

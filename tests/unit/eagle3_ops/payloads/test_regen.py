@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_ops.payloads.training import regen
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.modules import ROOT
 
 
 class Stub:

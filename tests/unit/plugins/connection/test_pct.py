@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.modules import ROOT
+
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 
-from ansible.playbook.play_context import PlayContext  # noqa: E402
-from ansible.plugins.loader import connection_loader  # noqa: E402  -- conftest configured the collection loader
+from ansible.playbook.play_context import PlayContext
+from ansible.plugins.loader import connection_loader
 
 ARGV_DUMPER = '#!/bin/sh\nfor a in "$@"; do printf \'%s\\0\' "$a"; done\n'
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from eagle3_ops.payloads.training import budget, checkpoints, disk, metrics
+from tests.modules import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "data" / "fake_trainer.py"
 KIMI = budget.Shapes(hidden=7168, intermediate=18432, heads=64, kv_heads=8, draft_vocab=32000, target_vocab=163840,
                      ttt_steps=5)  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tests.modules import run_module
-from tests.unit.test_safetensors_remap import H, drafter_tensors
+from tests.unit.plugins.modules.test_safetensors_remap import H, drafter_tensors
 
 PLAIN = {"norm_before_fc": False, "norm_output": False, "norm_before_residual": False}
 

@@ -6,12 +6,13 @@ import json
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.modules import ROOT
+
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 
-from ansible.inventory.manager import InventoryManager  # noqa: E402
-from ansible.parsing.dataloader import DataLoader  # noqa: E402
-from ansible.plugins.loader import inventory_loader  # noqa: E402  -- conftest configured the collection loader
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import inventory_loader
 
 RECORDED = json.loads((ROOT / "tests" / "data" / "pve_multinode.json").read_text())
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.conftest import NVEMU
-from tests.unit.test_gpu_cleanup import alive, cleanup, used, workload
+from tests.unit.plugins.modules.test_gpu_cleanup import alive, cleanup, used, workload
 
 
 class Terminal:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
-ROLES = Path(__file__).resolve().parents[2] / "roles"
+from tests.modules import ROOT
+
+ROLES = ROOT / "roles"
 ROLE_DIRS = sorted(p for p in ROLES.iterdir() if (p / "defaults" / "main.yml").exists())
 
 

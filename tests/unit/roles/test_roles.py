@@ -32,3 +32,36 @@ def test_argument_specs_mirror_defaults(role):
 def test_variables_carry_the_role_prefix(role):
     defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
     assert all(name.startswith(f"{role.name}_") for name in defaults)
+
+
+_FILLER = {"the", "a", "an", "of", "to", "in", "for", "and", "or", "is", "on", "by", "with", "its", "it"}
+
+
+@pytest.mark.parametrize("role", sorted(p for p in ROLES.iterdir() if (p / "meta" / "argument_specs.yml").exists()),
+                         ids=lambda p: p.name)
+def test_every_option_is_documented_by_a_sentence_of_its_own(role):
+    """argument_specs is the documentation: a description must say more than the option's name, and no two
+    options share one (a group comment pasted onto each member says nothing about any one of them)."""
+    import re
+
+    options = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    seen: dict[str, str] = {}
+    for name, spec in options.items():
+        text = spec["description"]
+        text = " ".join(text) if isinstance(text, list) else str(text)
+        words = [w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _FILLER]
+        own = [w for w in words if w not in set(name.lower().split("_"))]
+        assert len(own) >= 3, f"{role.name}: the description of {name} only restates its name: {text!r}"
+        assert len(text.split()) >= 4 and text.rstrip().endswith((".", ")")), (
+            f"{role.name}: the description of {name} is not a sentence: {text!r}")
+        assert text not in seen, f"{role.name}: {name} and {seen.get(text)} share the description {text!r}"
+        seen[text] = name
+
+
+@pytest.mark.parametrize("role", ROLE_DIRS, ids=lambda p: p.name)
+def test_defaults_hold_bare_values(role):
+    """The documentation lives in argument_specs; defaults/main.yml carries no per-variable comments."""
+    lines = (role / "defaults" / "main.yml").read_text().splitlines()
+    body = [line for line in lines[1:] if line.strip()]  # after '---'
+    comments = [line for line in body if line.lstrip().startswith("#")]
+    assert len(comments) <= 1, f"{role.name}: defaults/main.yml documents variables in comments: {comments[:3]}"

@@ -9,47 +9,33 @@ from typing import Any
 
 from eagle3_ops.runner import RunResult, run_playbook
 
+
+def _load_progress():
+    """The collection's progress helpers (plugins/plugin_utils/_progress.py) from this checkout."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "plugins" / "plugin_utils" / "_progress.py"
+    spec = importlib.util.spec_from_file_location("eagle3_ops_progress", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_progress_helpers = _load_progress()
+progress_bar = _progress_helpers.progress_bar
+wait_line = _progress_helpers.wait_line
+
 EXIT_OK = 0
 EXIT_FAILED = 2  # a play failed on some host
 EXIT_UNREACHABLE = 4  # some host could not be reached
 EXIT_USAGE = 64
-# Tasks whose message is the outcome a user came for (the drafter, what is served, the report): printed.
-OUTCOME_TASKS = ("Report the drafter", "Report what is served", "Show the report")
-
-
-def progress_bar(done: float, total: float, width: int = 24) -> str:
-    frac = 0.0 if total <= 0 else max(0.0, min(1.0, done / total))
-    filled = round(frac * width)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {frac:4.0%}"
-
-
-def wait_line(stdout: str) -> str | None:
-    """A progress line for a poll of a long stage: training epochs (the monitor's JSON sample) or a data job."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    sample = next((line for line in reversed(lines) if line.startswith("{")), None)
-    if sample:
-        try:
-            s = json.loads(sample)
-        except ValueError:
-            s = {}
-        if s.get("epochs"):
-            gpus = s.get("gpus") or []
-            power = sum(g.get("power_draw") or 0 for g in gpus)
-            limit = sum(g.get("power_limit") or 0 for g in gpus)
-            extra = f" {power:.0f}/{limit:.0f} W" if gpus else ""
-            tps = f" {s['tokens_per_s']:.0f} tok/s" if s.get("tokens_per_s") else ""
-            return (f"{progress_bar(s['epoch'] - 1, s['epochs'])} epoch {s['epoch']}/{s['epochs']} "
-                    f"step {s.get('step', '-')}{tps} (attempt {s.get('attempt')}, "
-                    f"total_seq_len {s.get('total_seq_len')}){extra}")  # fmt: skip
-        if s.get("attempt"):
-            return f"attempt {s['attempt']}, total_seq_len {s.get('total_seq_len')}: starting"
-    tail = lines[-1] if lines else ""
-    if tail.startswith("[") and "/" in tail:  # "[regen] 40/160 (8.4/s)", "[hidden] 150/160 ..."
-        head, _unused, rest = tail.partition(" ")
-        done, _unused, total = rest.split(" ")[0].partition("/")
-        if done.isdigit() and total.isdigit():
-            return f"{progress_bar(int(done), int(total))} {head} {rest}"
-    return None
+# The plays' outcomes reach the CLI as set_stats data (an explicit contract, not task names): the drafter,
+# what is served and the benchmark report as lines, the status table as records.
+OUTCOME_STATS = ("eagle3_outcomes", "eagle3_report")
+# A fact whose setting marks one measured benchmark configuration (spec_bench's "Record the points").
+SWEEP_MARKER = "spec_bench_points"
 
 
 def _progress(event: dict[str, Any]) -> None:
@@ -75,11 +61,13 @@ def _progress(event: dict[str, Any]) -> None:
         line = f"  {data.get('host', '?'):<14} {mark:<11} {data.get('task', '')}"
         if kind != "runner_on_ok" and not data.get("ignore_errors"):
             line += f"\n      {res.get('msg', '')}"
-        elif str(data.get("task", "")).startswith(OUTCOME_TASKS) and "msg" in res:
-            msg = res["msg"]
-            lines = msg if isinstance(msg, list) else [json.dumps(msg) if isinstance(msg, dict) else str(msg)]
-            line += "".join(f"\n      {m}" for m in lines)
         print(line, flush=True)
+    elif kind == "playbook_on_stats":
+        stats = data.get("artifact_data") or {}
+        lines = [str(line) for key in OUTCOME_STATS for line in stats.get(key) or []]
+        if lines:
+            print("== outcome", flush=True)
+            print("".join(f"  {line}\n" for line in lines), end="", flush=True)
 
 
 def _report(result: RunResult) -> int:
@@ -123,10 +111,12 @@ def sweep_progress(total: int):
     def on_event(event: dict[str, Any]) -> None:
         _progress(event)
         data = event.get("event_data", {})
-        if event.get("event") == "runner_on_ok" and str(data.get("task", "")).startswith("Drive load"):
+        facts = (data.get("res") or {}).get("ansible_facts") or {}
+        if event.get("event") == "runner_on_ok" and SWEEP_MARKER in facts:
             host = data.get("host", "?")
             done[host] = done.get(host, 0) + 1
-            label = str(data.get("task", "")).rsplit(": ", 1)[-1]
+            points = facts[SWEEP_MARKER] or [{}]
+            label = points[-1].get("label", "?") if isinstance(points[-1], dict) else "?"
             print(f"  {host:<14} {progress_bar(done[host], total)} sweep {done[host]}/{total} measured ({label})",
                   flush=True)  # fmt: skip
 
@@ -199,10 +189,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         host = data.get("host")
         if event.get("event") == "runner_on_unreachable" and host:
             rows[host] = {"state": "unreachable"}
-        elif event.get("event") == "runner_on_ok" and data.get("task") == "Report the status":
-            msg = data.get("res", {}).get("msg", {})
-            rows[host] = {"state": "running", "gpus": msg.get("gpus"), "training": msg.get("training"),
-                          "serving": msg.get("serving")}
+        elif event.get("event") == "playbook_on_stats":
+            for record in (data.get("artifact_data") or {}).get("eagle3_status") or []:
+                rows[record["host"]] = {"state": "running", "gpus": record.get("gpus"),
+                                        "training": record.get("training"), "serving": record.get("serving")}
 
     result = run_playbook("status.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
                           limit=args.limit, on_event=collect)  # fmt: skip

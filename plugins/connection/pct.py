@@ -109,7 +109,6 @@ all:
 import os
 import re
 import shlex
-import subprocess
 import typing as t
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
@@ -119,7 +118,8 @@ from ansible.utils.display import Display
 
 display = Display()
 
-CHUNK = 1 << 20
+# Bytes per transfer piece: bounded memory, and a dropped connection costs one piece, not the file.
+CHUNK = 16 << 20
 _PCT_MISSING = re.compile(rb"(^|\s|:)\S*pct: (command )?not found|pct: No such file or directory")
 
 
@@ -224,11 +224,22 @@ class Connection(SSHConnection):
         remote = self.build_pct_command(argv)
         return self._build_command(self.get_option("ssh_executable"), "ssh", self.host, remote)
 
-    def _finish(self, proc: subprocess.Popen, what: str, path: str) -> None:
-        stderr = proc.stderr.read() if proc.stderr else b""
-        rc = proc.wait()
-        if rc == 0:
-            return
+    def _transfer(self, argv: list[str], in_data: bytes | None, what: str, path: str) -> bytes:
+        """One piece of a file transfer through the parent's _run: reconnection_retries, password auth and
+        every ssh option apply, exactly as to exec_command. Each piece is idempotent (it names its offset),
+        so resending it after a dropped connection writes or reads the same bytes again."""
+        cmd = self._stream_command(argv)
+        try:
+            rc, out, err = self._run(cmd, in_data, sudoable=False, checkrc=False)
+        except AnsibleConnectionFailure as exc:
+            explained = self._explain(255, to_bytes(str(exc)))
+            reason = explained or f"Cannot reach the hypervisor of {self._where()}: {exc}"
+            raise AnsibleConnectionFailure(reason) from None
+        if rc != 0:
+            self._transfer_failed(rc, err, what, path)
+        return out
+
+    def _transfer_failed(self, rc: int, stderr: bytes, what: str, path: str) -> t.NoReturn:
         explained = self._explain(rc, stderr)
         if explained:
             raise AnsibleConnectionFailure(explained)
@@ -239,35 +250,47 @@ class Connection(SSHConnection):
         raise AnsibleError(f"{what} {path} in {self._where()} failed (rc={rc}): {to_text(stderr).strip()}")
 
     def put_file(self, in_path: str, out_path: str) -> None:  # type: ignore[override]
-        """Stream a local file into the container; `cat` runs inside it, so paths resolve there."""
+        """Send a local file into the container in CHUNK-sized pieces; the writer runs inside the container."""
         super(SSHConnection, self).put_file(in_path, out_path)
         b_in = to_bytes(in_path, errors="surrogate_or_strict")
         if not os.path.exists(b_in):
             raise AnsibleFileNotFound(f"file or module does not exist: {in_path}")
-        cmd = self._stream_command(["/bin/sh", "-c", 'exec cat > "$1"', "sh", out_path])
         display.vvv(f"PCT PUT {in_path} TO {out_path}", host=self.host)
         with open(b_in, "rb") as src:
-            proc = subprocess.Popen(cmd, stdin=src, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            self._finish(proc, "Writing", out_path)
+            offset = 0
+            while True:
+                piece = src.read(CHUNK)
+                if offset == 0:  # the first piece truncates (or creates) the file
+                    argv = ["/bin/sh", "-c", 'exec cat > "$1"', "sh", out_path]
+                else:
+                    argv = ["/bin/sh", "-c",
+                            'exec dd of="$1" bs=1M seek="$2" oflag=seek_bytes conv=notrunc status=none',
+                            "sh", out_path, str(offset)]  # fmt: skip
+                self._transfer(argv, piece, "Writing", out_path)
+                offset += len(piece)
+                if len(piece) < CHUNK:
+                    break
 
     def fetch_file(self, in_path: str, out_path: str) -> None:  # type: ignore[override]
-        """Stream a file out of the container in 1 MiB chunks to a local path."""
+        """Fetch a file out of the container in CHUNK-sized pieces to a local path."""
         super(SSHConnection, self).fetch_file(in_path, out_path)
-        cmd = self._stream_command(["/bin/sh", "-c", 'exec cat -- "$1"', "sh", in_path])
         display.vvv(f"PCT FETCH {in_path} TO {out_path}", host=self.host)
         b_out = to_bytes(out_path, errors="surrogate_or_strict")
-        with open(b_out, "wb") as dst:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            if proc.stdout is None:  # Popen was given stdout=PIPE; satisfies the type checker
-                raise AnsibleConnectionFailure("pct file transfer: the ssh process has no stdout pipe")
-            while chunk := proc.stdout.read(CHUNK):
-                dst.write(chunk)
-            try:
-                self._finish(proc, "Reading", in_path)
-            except AnsibleError:
-                dst.close()
-                os.unlink(b_out)
-                raise
+        try:
+            with open(b_out, "wb") as dst:
+                offset = 0
+                while True:
+                    argv = ["/bin/sh", "-c",
+                            'exec dd if="$1" bs=1M skip="$2" count="$3" iflag=skip_bytes,count_bytes status=none',
+                            "sh", in_path, str(offset), str(CHUNK)]  # fmt: skip
+                    piece = self._transfer(argv, None, "Reading", in_path)
+                    dst.write(piece)
+                    offset += len(piece)
+                    if len(piece) < CHUNK:
+                        break
+        except AnsibleError:
+            os.unlink(b_out)
+            raise
 
     def reset(self) -> None:
         self.host = self.get_option("host") or self._play_context.remote_addr

@@ -72,6 +72,19 @@ def sglang_speculative_args(draft_tokens: Any, topk: Any = None, steps: Any = No
             "argv": argv}  # fmt: skip
 
 
+def sglang_speculative_problem(draft_tokens: Any, topk: Any = None, steps: Any = None,
+                               max_draft_tokens: int = 64) -> str:
+    """Why these speculative values are refused, as one sentence, or "" when they are valid.
+
+    For an assert's fail_msg: validation then fails with the sentence alone, not inside a templating error.
+    """
+    try:
+        sglang_speculative_args(draft_tokens, topk, steps, max_draft_tokens)
+    except AnsibleFilterError as exc:
+        return f"{exc.message if hasattr(exc, 'message') else exc}."
+    return ""
+
+
 BENCH_FIELDS = ("completed", "duration", "total_output_tokens", "output_throughput", "request_throughput",
                 "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
                 "accept_length")  # fmt: skip
@@ -93,4 +106,5 @@ def bench_point(pair: Any, draft_tokens: Any, host: str) -> dict[str, Any]:
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"sglang_speculative_args": sglang_speculative_args, "bench_point": bench_point}
+        return {"sglang_speculative_args": sglang_speculative_args, "bench_point": bench_point,
+                "sglang_speculative_problem": sglang_speculative_problem}

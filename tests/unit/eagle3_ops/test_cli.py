@@ -51,8 +51,23 @@ def test_sweep_progress_counts_measured_configurations(capsys):
     from eagle3_ops.cli import sweep_progress
 
     on_event = sweep_progress(4)
+    points: list[dict] = []
     for label in ("baseline", "5"):
-        task = f"Drive load at each concurrency, draft tokens: {label}"
-        on_event({"event": "runner_on_ok", "event_data": {"host": "ct130", "res": {}, "task": task}})
+        points = [*points, {"label": label, "max_concurrency": 1}]
+        # The marker is the fact spec_bench sets, whatever the task is called.
+        res = {"ansible_facts": {"spec_bench_points": points}}
+        on_event({"event": "runner_on_ok", "event_data": {"host": "ct130", "res": res, "task": "renamed task"}})
+    # A task merely named like the old one does not count.
+    on_event({"event": "runner_on_ok", "event_data": {"host": "ct130", "res": {}, "task": "Drive load at 16"}})
     lines = [line for line in capsys.readouterr().out.splitlines() if "sweep" in line]
+    assert len(lines) == 2
     assert lines[-1].split()[1:] == ["[############............]", "50%", "sweep", "2/4", "measured", "(5)"]
+
+
+def test_outcomes_come_from_set_stats(capsys):
+    from eagle3_ops.cli import _progress
+
+    stats = {"eagle3_outcomes": ["ct129: drafter trained, best epoch 14"], "eagle3_report": ["| 16 | 1 |"]}
+    _progress({"event": "playbook_on_stats", "event_data": {"artifact_data": stats}})
+    out = capsys.readouterr().out
+    assert "== outcome" in out and "ct129: drafter trained, best epoch 14" in out and "| 16 | 1 |" in out

@@ -135,3 +135,69 @@ def test_pipelining_follows_the_ssh_settings():
     conn = make()
     assert conn.get_option("pipelining") is True
     assert conn.is_pipelining_enabled() is True
+
+
+# -- file transfers go through ssh's retry path ---------------------------------------------------------
+
+FAKE_SSH = """#!/bin/sh
+# A stand-in for ssh to the hypervisor: every other connection drops (exit 255, as ssh does on a reset);
+# the others run the remote line here, as the hypervisor's shell would.
+count="$FAKE_SSH_STATE/count"
+n=$(( $(cat "$count" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$count"
+if [ $(( n % 2 )) -eq 1 ]; then
+  echo "Connection reset by peer" >&2
+  exit 255
+fi
+for last; do :; done
+exec /bin/sh -c "$last"
+"""
+FAKE_PCT_EXEC = """#!/bin/sh
+# pct exec VMID [options] -- CMD...: run CMD here.
+while [ "$1" != "--" ]; do shift; done
+shift
+exec "$@"
+"""
+
+
+@pytest.fixture
+def flaky_hop(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("ssh", FAKE_SSH), ("pct", FAKE_PCT_EXEC)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("FAKE_SSH_STATE", str(state))
+    conn = make(pct_executable=str(bin_dir / "pct"), ssh_executable=str(bin_dir / "ssh"), reconnection_retries=3,
+                keep_env=True, ssh_args="", control_path_dir=str(tmp_path / "cp"))
+    module = __import__(type(conn).__module__, fromlist=["CHUNK"])
+    monkeypatch.setattr(module, "CHUNK", 4096)  # several pieces for a small file
+    return conn, state / "count"
+
+
+def test_put_and_fetch_survive_dropped_connections(flaky_hop, tmp_path):
+    conn, count = flaky_hop
+    payload = os.urandom(4096 * 5 + 123)
+    src = tmp_path / "src.bin"
+    src.write_bytes(payload)
+    remote = tmp_path / "remote" / "copy.bin"
+    remote.parent.mkdir()
+    conn.put_file(str(src), str(remote))
+    assert remote.read_bytes() == payload
+    # 6 pieces, each sent twice: the first try of every connection dropped and was retried.
+    assert int(count.read_text()) == 12
+    back = tmp_path / "back.bin"
+    conn.fetch_file(str(remote), str(back))
+    assert back.read_bytes() == payload
+
+
+def test_a_missing_remote_file_is_reported_and_no_partial_copy_is_left(flaky_hop, tmp_path):
+    from ansible.errors import AnsibleFileNotFound
+
+    conn, _count = flaky_hop
+    out = tmp_path / "out.bin"
+    with pytest.raises(AnsibleFileNotFound, match="No such file"):
+        conn.fetch_file(str(tmp_path / "nowhere.bin"), str(out))
+    assert not out.exists()

@@ -1,0 +1,92 @@
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The default stdout callback, with long waits shown as progress instead of "FAILED - RETRYING" lines."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: progress
+type: stdout
+short_description: Default output, with retries of long waits shown as one progress line per host
+description:
+  - Everything the default callback prints, except that a task retried with C(until) (the roles' waits for
+    regeneration, hidden-state extraction, training and server health) does not print
+    C(FAILED - RETRYING ... (34560 retries left)) at every poll. Instead each poll gives a progress line
+    (training epoch, step, tokens/s and power; regeneration and extraction counts; elapsed time otherwise),
+    printed when it changes. On a terminal the line is updated in place.
+  - With C(-vv) or more the default retry messages, with their results, are printed as before.
+author: eagle3-ops contributors (@eagle3-ops)
+version_added: "0.1.0"
+extends_documentation_fragment:
+  - ansible.builtin.default_callback
+  - ansible.builtin.result_format_callback
+requirements:
+  - set as stdout callback in ansible.cfg (stdout_callback = eagle3.ops.progress)
+"""
+
+import sys
+import time
+
+from ansible.plugins.callback.default import CallbackModule as DefaultCallback
+from ansible_collections.eagle3.ops.plugins.plugin_utils._progress import wait_line
+
+
+class CallbackModule(DefaultCallback):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "stdout"
+    CALLBACK_NAME = "eagle3.ops.progress"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wait_started: dict[tuple[str, str], float] = {}
+        self._last_line: dict[str, str] = {}
+        self._line_open = False  # a progress line on a terminal awaits its newline
+        self._tty = sys.stdout.isatty()
+
+    def _close_line(self) -> None:
+        if self._line_open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self._line_open = False
+
+    def v2_runner_retry(self, result) -> None:
+        if self._run_is_verbose(result, verbosity=2):
+            super().v2_runner_retry(result)
+            return
+        host = result._host.get_name()
+        task = result.task_name or str(result._task)
+        key = (host, task)
+        started = self._wait_started.setdefault(key, time.monotonic())
+        shown = wait_line(str(result._result.get("stdout", "") or ""))
+        if shown is None:
+            minutes = int((time.monotonic() - started) // 60)
+            shown = f"waiting ({minutes} min)" if minutes else "waiting"
+        line = f"  [{host}] {task}: {shown}"
+        if self._tty:
+            sys.stdout.write("\r\x1b[K" + line)
+            sys.stdout.flush()
+            self._line_open = True
+        elif self._last_line.get(host) != line:
+            self._display.display(line)
+        self._last_line[host] = line
+
+    # Any other output first ends a progress line left open on the terminal.
+    def v2_runner_on_ok(self, result) -> None:
+        self._close_line()
+        super().v2_runner_on_ok(result)
+
+    def v2_runner_on_failed(self, result, ignore_errors: bool = False) -> None:
+        self._close_line()
+        super().v2_runner_on_failed(result, ignore_errors=ignore_errors)
+
+    def v2_runner_on_unreachable(self, result) -> None:
+        self._close_line()
+        super().v2_runner_on_unreachable(result)
+
+    def v2_playbook_on_task_start(self, task, is_conditional) -> None:
+        self._close_line()
+        super().v2_playbook_on_task_start(task, is_conditional)
+
+    def v2_playbook_on_stats(self, stats) -> None:
+        self._close_line()
+        super().v2_playbook_on_stats(stats)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, ansible_env, pct, recap, run_playbook
+from tests.conftest import LAB_STATE, ROOT, ansible_env, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 RUN = "/srv/eagle3/runs/tiny-llama"
@@ -37,7 +37,7 @@ def trained(lab):
 
 
 def test_the_pipeline_trains_a_drafter_that_beats_an_untrained_one(trained):
-    result = json.loads((ROOT / "reports" / "train-ct129.json").read_text())
+    result = json.loads((LAB_STATE / "reports" / "train-ct129.json").read_text())
     assert result == read_json(f"{RUN}/train/state/result.json")
     best = result["epochs"][str(result["best_epoch"])]
     # The untrained drafter's accuracy: speculators' first logged step, measured before any update.

@@ -234,7 +234,8 @@ def _select(gpus: list[dict], ids: str | None) -> list[dict]:
 def query_gpu(fields: list[str], fmt: set[str], ids: str | None) -> str:
     gpus = _select(gpu_state(), ids)
     units = "nounits" not in fmt
-    header, rows = [], [[] for _unused in gpus]
+    header: list[str] = []
+    rows: list[list[str]] = [[] for _unused in gpus]
     for f in fields:
         unit, key = GPU_FIELDS[f]
         header.append(f"{f} [{unit}]" if unit else f)

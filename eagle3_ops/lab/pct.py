@@ -222,6 +222,12 @@ def render_lxc_config(vmid: int, conf: CtConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _field(text: str, bare_key: str) -> tuple[str, str]:
+    """One ``key=value`` field of a Proxmox property string; a bare value is the property's default key."""
+    key, sep, value = text.partition("=")
+    return (key, value) if sep else (bare_key, text)
+
+
 def mount_point_lines(vmid: int, conf: CtConfig) -> list[str]:
     """LXC lines for mpN (bind mounts / lab volumes) and devN (device passthrough).
 
@@ -234,7 +240,7 @@ def mount_point_lines(vmid: int, conf: CtConfig) -> list[str]:
     for key in sorted(conf.options):
         value = conf.options[key]
         if re.fullmatch(r"mp\d+", key):
-            fields = dict(f.split("=", 1) if "=" in f else ("volume", f) for f in value.split(","))
+            fields = dict(_field(f, "volume") for f in value.split(","))
             volume, target = fields.get("volume", ""), fields.get("mp", "")
             if not target.startswith("/"):
                 continue
@@ -244,7 +250,7 @@ def mount_point_lines(vmid: int, conf: CtConfig) -> list[str]:
             opts = "bind,create=dir" + (",ro" if fields.get("ro") in ("1", "true") else "")
             lines.append(f"lxc.mount.entry = {volume} {target.lstrip('/')} none {opts} 0 0")
         elif re.fullmatch(r"dev\d+", key):
-            fields = dict(f.split("=", 1) if "=" in f else ("path", f) for f in value.split(","))
+            fields = dict(_field(f, "path") for f in value.split(","))
             path = fields.get("path", "")
             if path.startswith("/"):
                 lines.append(f"lxc.mount.entry = {path} dev/{os.path.basename(path)} none bind,optional,create=file")

@@ -58,8 +58,9 @@ def upid(node: str, kind: str, ident: str, user: str) -> str:
 def start_task(node: str, kind: str, ident: str, user: str, argv_list: list[list[str]]) -> str:
     """Run pct commands in a worker thread as one PVE task; its output becomes the task log."""
     task_id = upid(node, kind, ident, user)
-    record = {"upid": task_id, "node": node, "type": kind, "id": ident, "user": user, "status": "running",
-              "starttime": int(time.time()), "pid": os.getpid(), "pstart": 0, "log": []}  # fmt: skip
+    record: dict[str, Any] = {"upid": task_id, "node": node, "type": kind, "id": ident, "user": user,
+                              "status": "running", "starttime": int(time.time()), "pid": os.getpid(), "pstart": 0,
+                              "log": []}  # fmt: skip
     with TASKS_LOCK:
         TASKS[task_id] = record
 

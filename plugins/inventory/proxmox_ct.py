@@ -224,7 +224,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             for key, value in hostvars.items():
                 self.inventory.set_variable(host, key, value)
             for tag in tags:
-                group = self.inventory.add_group(safe_group(tag_groups.get(tag, tag)))
+                group = self.inventory.add_group(safe_group(str(tag_groups.get(tag, tag))))
                 self.inventory.add_child(group, host)
             self.inventory.add_child(self.inventory.add_group(safe_group(f"node_{node}")), host)
             self.inventory.add_child(self.inventory.add_group(safe_group(f"status_{res.get('status')}")), host)

@@ -278,7 +278,7 @@ def main() -> None:
 
         status = "stopped" if module.check_mode and not here else (
             call(f"Reading the status of CT {vmid}", ct.status.current.get)["status"]
-            if not module.check_mode else here.get("status", "stopped")
+            if not module.check_mode else (here or {}).get("status", "stopped")
         )  # fmt: skip
         if p["state"] == "started" and status != "running":
             result["changed"] = True

@@ -152,9 +152,9 @@ from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
 def find_targets(path: str) -> tuple[str | None, list[str]]:
     """(index path or None, shard/file paths) for a file, an index or a directory."""
     if os.path.isdir(path):
-        index = os.path.join(path, INDEX_NAME)
-        if os.path.exists(index):
-            return find_targets(index)
+        index_path = os.path.join(path, INDEX_NAME)
+        if os.path.exists(index_path):
+            return find_targets(index_path)
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
         if not files:
             raise SafetensorsError(f"{path} holds no .safetensors file and no {INDEX_NAME}")

@@ -28,8 +28,8 @@ def test_molecule_scenario(lab, scenario: Path):
         EAGLE3_LAB_LXC_PATH=str(LAB_LXC_PATH),
         EAGLE3_LAB_PCT=PCT,
     )
-    proc = subprocess.run(
-        [str(molecule), "-c", str(ROOT / ".config" / "molecule" / "config.yml"), "-c",
-         str(ROOT / "tests" / "molecule" / "test-lab.yml"), "test"], cwd=role_dir, env=env, capture_output=True, text=True, timeout=900, check=False
-    )
+    base_configs = ["-c", str(ROOT / ".config" / "molecule" / "config.yml"),
+                    "-c", str(ROOT / "tests" / "molecule" / "test-lab.yml")]
+    proc = subprocess.run([str(molecule), *base_configs, "test"], cwd=role_dir, env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]

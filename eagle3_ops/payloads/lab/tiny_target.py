@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 MARKER = "eagle3_lab_target.json"
 # A chat template small enough to read: the server and the data stage both format turns with it.
@@ -61,7 +62,7 @@ def build_tokenizer(texts: list[str], vocab_size: int, out: str) -> None:
     fast.save_pretrained(out)
 
 
-def encode_pairs(tok: object, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
+def encode_pairs(tok: Any, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
     """Each conversation as token ids and the index where the reply starts."""
     rows = []
     for prompt, reply in pairs:
@@ -72,7 +73,7 @@ def encode_pairs(tok: object, pairs: list[tuple[str, str]]) -> list[tuple[list[i
     return rows
 
 
-def build_model(out: str, tok: object, pairs: list[tuple[str, str]], args: argparse.Namespace) -> float:
+def build_model(out: str, tok: Any, pairs: list[tuple[str, str]], args: argparse.Namespace) -> float:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

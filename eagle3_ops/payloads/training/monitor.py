@@ -64,7 +64,7 @@ def progress(log_path: str) -> dict[str, Any]:
             last = matches[-1]
             if key == "epoch":
                 found["epoch"], found["epochs"] = int(last[0]), int(last[1])
-            else:
+            elif cast is not None:
                 found[key] = cast(last)
     return found
 

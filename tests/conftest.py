@@ -114,6 +114,39 @@ def smi(vmid: int, query: str = "index,memory.used") -> list[list[str]]:
     return [line.split(", ") for line in out.splitlines()]
 
 
+# Kills, inside a container, exactly the processes whose environment carries one test's marker (every process
+# of a job inherits it from the launch), instead of matching command lines.
+_KILL_MARKED = """
+import os, signal, sys
+marker = ("EAGLE3_TEST_JOB=" + sys.argv[1]).encode()
+for entry in os.listdir("/proc"):
+    if entry.isdigit() and int(entry) != os.getpid():
+        try:
+            with open("/proc/" + entry + "/environ", "rb") as fh:
+                if marker in fh.read().split(b"\\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+def lab_workload(vmid: int | str, marker: str, *args: str) -> dict[str, int]:
+    """Start lab-workload in a container with this test's marker in the environment of all its processes."""
+    out = pct("exec", str(vmid), "--", "env", f"EAGLE3_TEST_JOB={marker}", "lab-workload", *args).stdout
+    return json.loads(out)
+
+
+def stop_marked(vmid: int | str, marker: str) -> None:
+    pct("exec", str(vmid), "--", "python3", "-c", _KILL_MARKED, marker, check=False)
+
+
+@pytest.fixture
+def job_marker() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
 def lab_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "the lab needs root"

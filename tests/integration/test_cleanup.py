@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.conftest import LAB_PORT, pct, recap, run_playbook, smi
+from tests.conftest import LAB_PORT, lab_workload, pct, recap, run_playbook, smi, stop_marked
 
 pytestmark = pytest.mark.lab
 
 
+MARKER: list[str] = []  # the running test's marker (set by clean_lab)
+
+
 def start_job(vmid: int, gpus: str, *extra: str) -> dict[str, int]:
-    out = pct(
-        "exec", str(vmid), "--", "lab-workload", "--gpus", gpus, "--mib", "30000", "--dataloader-workers", "2", *extra
-    ).stdout
-    return json.loads(out)
+    return lab_workload(vmid, MARKER[0], "--gpus", gpus, "--mib", "30000", "--dataloader-workers", "2", *extra)
 
 
 def memory(vmid: int) -> list[int]:
@@ -23,11 +21,12 @@ def memory(vmid: int) -> list[int]:
 
 
 @pytest.fixture
-def clean_lab(lab):
+def clean_lab(lab, job_marker):
+    MARKER[:] = [job_marker]
     yield
     for vmid in ("129", "130"):
         pct("start", vmid, check=False)
-        pct("exec", vmid, "--", "pkill", "-9", "-f", "nvemu.py workload", check=False)
+        stop_marked(vmid, job_marker)
 
 
 def test_fleet_cleanup_check_mode_then_real_then_idempotent(clean_lab):

@@ -72,14 +72,14 @@ def test_secrets_never_reach_the_artifacts(lab):
             assert secret not in text, f"{secret} leaked into {path}"
 
 
-def test_status_table_follows_a_workload(lab):
-    from tests.conftest import pct
+def test_status_table_follows_a_workload(lab, job_marker):
+    from tests.conftest import lab_workload, stop_marked
 
-    pct("exec", "129", "--", "lab-workload", "--gpus", "0-1", "--mib", "20000", "--dataloader-workers", "0")
+    lab_workload(129, job_marker, "--gpus", "0-1", "--mib", "20000", "--dataloader-workers", "0")
     try:
         proc = run("status")
     finally:
-        pct("exec", "129", "--", "pkill", "-9", "-f", "nvemu.py workload", check=False)
+        stop_marked(129, job_marker)
     assert proc.returncode == 0, proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("ct129"))
     assert row.split()[:3] == ["ct129", "running", "4"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import pytest
 
-from tests.conftest import PCT, hop, pct, recap, run_playbook, smi
+from tests.conftest import PCT, hop, lab_workload, pct, recap, run_playbook, smi
 
 pytestmark = pytest.mark.lab
 
@@ -184,11 +183,24 @@ def test_status_transitions_and_stopped_errors(scratch_ct, tmp_path):
     assert "description" not in pct("config", vmid).stdout
 
 
-def test_gpu_memory_follows_a_workload(lab):
+_KILL_JOB_BUT = """
+import os, signal, sys
+marker, spare = ("EAGLE3_TEST_JOB=" + sys.argv[1]).encode(), int(sys.argv[2])
+for entry in os.listdir("/proc"):
+    if entry.isdigit() and int(entry) not in (os.getpid(), spare):
+        try:
+            with open("/proc/" + entry + "/environ", "rb") as fh:
+                if marker in fh.read().split(b"\\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+def test_gpu_memory_follows_a_workload(lab, job_marker):
     before = smi(129, "index,memory.used,utilization.gpu,power.draw")
     assert all(int(r[1]) < 100 and r[2] == "0" for r in before)
-    started = pct("exec", "129", "--", "lab-workload", "--gpus", "0-3", "--mib", "30000", "--bystander").stdout
-    pids = json.loads(started)
+    pids = lab_workload(129, job_marker, "--gpus", "0-3", "--mib", "30000", "--bystander")
     try:
         during = smi(129, "index,memory.used,utilization.gpu,power.draw")
         assert all(int(r[1]) >= 30000 for r in during), during
@@ -211,7 +223,8 @@ def test_gpu_memory_follows_a_workload(lab):
         time.sleep(2)
         assert all(int(r[1]) >= 30000 for r in smi(129))
     finally:
-        pct("exec", "129", "--", "pkill", "-9", "-f", "nvemu.py workload --role (agent|worker)", check=False)
+        # Everything of this job but the bystander, which must still be alive afterwards.
+        pct("exec", "129", "--", "python3", "-c", _KILL_JOB_BUT, job_marker, str(pids["bystander"]), check=False)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(int(r[1]) >= 100 for r in smi(129)):
         time.sleep(0.2)

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.modules import ROOT
+from tests.unit.conftest import processes_with_env
 
 NVEMU = ROOT / "eagle3_ops" / "lab" / "nvemu.py"
 
@@ -25,7 +26,13 @@ def gpus(tmp_path, monkeypatch):
     env = {"NVEMU_DEV_DIR": str(dev), "NVEMU_CTX_DIR": str(tmp_path / "ctx")}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    return env
+    yield env
+    # Whatever this test started and left: exactly the processes carrying its own context directory.
+    for pid in processes_with_env("NVEMU_CTX_DIR", env["NVEMU_CTX_DIR"]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def nvemu_env() -> dict[str, str]:
@@ -141,6 +148,11 @@ def test_workload_helper_reproduces_the_torchrun_picture(gpus, tmp_path):
         # Rank 1 ignored SIGTERM; both ranks' DataLoader children survive as orphans.
         assert used() == [5003, 5003]
     finally:
-        subprocess.run(["pkill", "-9", "-f", f"{NVEMU} workload --role (agent|worker)"], check=False)
+        for pid in processes_with_env("NVEMU_CTX_DIR", gpus["NVEMU_CTX_DIR"]):
+            if pid != pids["bystander"]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         os.kill(pids["bystander"], signal.SIGKILL)
     wait_for(lambda: used() == [3, 3])

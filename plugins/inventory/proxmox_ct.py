@@ -91,6 +91,7 @@ from typing import Any
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible_collections.eagle3.ops.plugins.module_utils._pve import PveClient, PveError
 
 GPU_LINE = re.compile(r"dev/nvidia(\d+)\b")
 
@@ -124,39 +125,22 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     # -- API access (a seam for tests: _get is replaced with recorded answers) --------------------
 
     def _api(self) -> Any:
-        from ansible.module_utils.common.text.converters import to_native
-
-        try:
-            from proxmoxer import ProxmoxAPI
-        except ImportError as exc:
-            raise AnsibleParserError(
-                "proxmox_ct inventory needs proxmoxer on the controller: pip install proxmoxer"
-            ) from exc
+        """The collection's Proxmox client (module_utils/_pve.py), as the proxmox_ct module uses it."""
         m = re.match(r"^https?://([^/:]+|\[[^\]]+\])(?::(\d+))?", self.get_option("url") or "")
         if not m:
             raise AnsibleParserError(f"proxmox_ct inventory: url {self.get_option('url')!r} is not https://HOST[:PORT]")
-        verify_text = str(self.get_option("validate_certs"))
-        verify: bool | str = {"true": True, "false": False}.get(verify_text.lower(), verify_text)
         try:
-            return ProxmoxAPI(
-                m.group(1).strip("[]"),
-                port=int(m.group(2) or 8006),
-                user=self.get_option("user"),
-                token_name=self.get_option("token_id"),
-                token_value=self.get_option("token_secret"),
-                verify_ssl=verify,
-                timeout=30,
-            )
-        except Exception as exc:
-            raise AnsibleParserError(f"proxmox_ct inventory: cannot use the API at {self.get_option('url')}: "
-                                     f"{to_native(exc)}") from exc  # fmt: skip
+            return PveClient.connect(m.group(1).strip("[]"), int(m.group(2) or 8006), self.get_option("user"),
+                                     self.get_option("token_id"), self.get_option("token_secret"), None,
+                                     self.get_option("validate_certs"), timeout=30)  # fmt: skip
+        except PveError as exc:
+            raise AnsibleParserError(f"proxmox_ct inventory at {self.get_option('url')}: {exc}") from exc
 
     def _get(self, path: str, **params: Any) -> Any:
-        api = self._client
         try:
-            return api(path).get(**params)
-        except Exception as exc:
-            raise AnsibleParserError(f"proxmox_ct inventory: GET {path} failed: {exc}") from exc
+            return self._client.get(path, **params)
+        except PveError as exc:
+            raise AnsibleParserError(f"proxmox_ct inventory: {exc}") from exc
 
     def fetch(self) -> dict[str, Any]:
         """Everything the inventory needs, as plain data (what the cache stores)."""

@@ -20,6 +20,15 @@ class PveError(Exception):
     """An API call or task that failed; the message names the call and what to do."""
 
 
+def parse_validate_certs(value: Any) -> bool | str:
+    """validate_certs as proxmoxer's verify_ssl: a boolean, or the path of a CA bundle (any spelling of yes/no)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    truth = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+    return truth.get(text.lower(), text)
+
+
 def connect(
     host: str,
     port: int,
@@ -42,6 +51,48 @@ def connect(
     else:
         raise PveError("give api_token_id and api_token_secret, or api_password")
     return ProxmoxAPI(host, backend="https", **kwargs)
+
+
+class PveClient:
+    """The one Proxmox API client of the collection (the proxmox_ct module and inventory plugin use it).
+
+    Every call goes through call(), which turns whatever proxmoxer or requests raised into one sentence;
+    run_task() also waits on the task's UPID and requires its exit status to be OK.
+    """
+
+    def __init__(self, api: Any, timeout: float = 300) -> None:
+        self.api = api
+        self.timeout = timeout
+        self.tasks: list[str] = []
+
+    @classmethod
+    def connect(cls, host: str, port: int, user: str, token_id: str | None, token_secret: str | None,
+                password: str | None, validate_certs: Any, timeout: float = 300) -> PveClient:  # fmt: skip
+        api = cls.call_static("Connecting to the Proxmox API", connect, host, port, user, token_id, token_secret,
+                              password, parse_validate_certs(validate_certs))  # fmt: skip
+        return cls(api, timeout)
+
+    @staticmethod
+    def call_static(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PveError:
+            raise
+        except Exception as exc:  # proxmoxer, requests: turned into one sentence
+            raise PveError(describe_error(exc, what)) from exc
+
+    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.call_static(what, fn, *args, **kwargs)
+
+    def get(self, path: str, **params: Any) -> Any:
+        """GET an API path (e.g. cluster/resources), for readers such as the inventory plugin."""
+        return self.call(f"GET {path}", self.api(path).get, **params)
+
+    def run_task(self, node: str, what: str, fn: Any, *args: Any, **kwargs: Any) -> str:
+        upid = self.call(what, fn, *args, **kwargs)
+        self.tasks.append(upid)
+        self.call(what, wait_task, self.api, node, upid, self.timeout)
+        return upid
 
 
 def describe_error(exc: Exception, what: str) -> str:
@@ -122,15 +173,3 @@ def diff_config(
 
 def needs_restart(changed: list[str]) -> list[str]:
     return [k for k in changed if RESTART_KEYS.match(k)]
-
-
-def gpu_lines(indices: list[int], device_dir: str, uvm_major: int | None = None) -> list[tuple[str, str]]:
-    """Raw lxc lines for GPU passthrough: cgroup allow lines and a bind mount per device node."""
-    lines = [("lxc.cgroup2.devices.allow", "c 195:* rwm")]
-    if uvm_major is not None:
-        lines.append(("lxc.cgroup2.devices.allow", f"c {uvm_major}:* rwm"))
-    nodes = [f"nvidia{i}" for i in indices] + ["nvidiactl", "nvidia-uvm"]
-    lines += [
-        ("lxc.mount.entry", f"{device_dir.rstrip('/')}/{n} dev/{n} none bind,optional,create=file") for n in nodes
-    ]
-    return lines

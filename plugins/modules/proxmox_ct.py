@@ -117,187 +117,199 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._pve import (
+    PveClient,
     PveError,
-    connect,
-    describe_error,
     diff_config,
     needs_restart,
     render_desired,
-    wait_task,
 )
+
+ARGUMENT_SPEC = {
+    "api_host": {"type": "str", "required": True},
+    "api_port": {"type": "int", "default": 8006},
+    "api_user": {"type": "str", "default": "root@pam"},
+    "api_token_id": {"type": "str"},
+    "api_token_secret": {"type": "str", "no_log": True},
+    "api_password": {"type": "str", "no_log": True},
+    "validate_certs": {"type": "str", "default": "true"},
+    "node": {"type": "str", "required": True},
+    "vmid": {"type": "int", "required": True},
+    "hostname": {"type": "str"},
+    "ostemplate": {"type": "str"},
+    "rootfs": {"type": "str"},
+    "cores": {"type": "int"},
+    "memory": {"type": "int"},
+    "swap": {"type": "int"},
+    "features": {"type": "str"},
+    "description": {"type": "str"},
+    "onboot": {"type": "bool"},
+    "tags": {"type": "list", "elements": "str"},
+    "mounts": {
+        "type": "list",
+        "elements": "dict",
+        "options": {
+            "host_path": {"type": "str"},
+            "volume": {"type": "str"},
+            "mp": {"type": "str", "required": True},
+            "read_only": {"type": "bool", "default": False},
+        },
+    },
+    "devices": {"type": "list", "elements": "str"},
+    "state": {"type": "str", "default": "started", "choices": ["present", "started", "stopped", "absent"]},
+    "restart": {"type": "bool", "default": False},
+    "timeout": {"type": "int", "default": 300},
+}
+
+
+def _lines(options: dict) -> str:
+    return "".join(f"{k}: {v}\n" for k, v in sorted(options.items()))
+
+
+class ProxmoxContainer:
+    """Converge one container: a method per state, and the power state last."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.check = module.check_mode
+        self.vmid, self.node = self.p["vmid"], self.p["node"]
+        self.result: dict = {"changed": False, "created": False, "updated": [], "restart_needed": [],
+                             "restarted": False, "status": "absent", "config": {}, "tasks": []}  # fmt: skip
+        self.client: PveClient | None = None
+        self.here: dict | None = None  # the container's cluster resource, when it exists
+
+    def fail(self, msg: str) -> None:
+        self.module.fail_json(msg=msg, **self.result)
+
+    def validate(self) -> None:
+        for m in self.p["mounts"] or []:
+            if bool(m.get("host_path")) == bool(m.get("volume")):
+                self.fail(f"Mount point {m['mp']} needs exactly one of host_path or volume.")
+
+    @property
+    def ct(self):
+        return self.client.api.nodes(self.node).lxc(self.vmid)
+
+    def task(self, what: str, fn, *args, **kwargs) -> None:
+        self.client.run_task(self.node, what, fn, *args, **kwargs)
+        self.result["tasks"] = list(self.client.tasks)
+
+    def locate(self) -> None:
+        """Connect, check the node, and find the VMID in the cluster (refusing one used elsewhere)."""
+        p = self.p
+        self.client = PveClient.connect(p["api_host"], p["api_port"], p["api_user"], p["api_token_id"],
+                                        p["api_token_secret"], p["api_password"], p["validate_certs"],
+                                        timeout=p["timeout"])  # fmt: skip
+        nodes = [n["node"] for n in self.client.call("Listing the nodes", self.client.api.nodes.get)]
+        if self.node not in nodes:
+            self.fail(f"Node {self.node!r} is not in the cluster (nodes: {', '.join(nodes)}): fix node.")
+        resources = self.client.call("Listing the guests", self.client.api.cluster.resources.get, type="vm")
+        self.here = next((r for r in resources if int(r.get("vmid", -1)) == self.vmid), None)
+        if self.here and self.here.get("node") != self.node:
+            self.fail(f"VMID {self.vmid} is already used by {self.here.get('name', '?')} on node "
+                      f"{self.here.get('node')}: pick another.")  # fmt: skip
+
+    def run(self) -> None:
+        self.locate()
+        if self.p["state"] == "absent":
+            self.absent()
+            return
+        if self.here:
+            self.update()
+        else:
+            self.create()
+        self.power()
+
+    def absent(self) -> None:
+        if not self.here:
+            return
+        self.result["changed"] = True
+        if not self.check:
+            if self.here.get("status") == "running":
+                self.task(f"Stopping CT {self.vmid}", self.ct.status.stop.post)
+            self.task(f"Destroying CT {self.vmid}", self.ct.delete)
+
+    def create(self) -> None:
+        desired = render_desired(self.p)
+        if not self.p["ostemplate"]:
+            self.fail(f"CT {self.vmid} does not exist and no ostemplate was given to create it.")
+        self.result.update(changed=True, created=True, updated=sorted(desired))
+        if self.module._diff:
+            self.result["diff"] = {"before": "", "after": _lines(desired)}
+        if self.check:
+            return
+        body = dict(desired, vmid=self.vmid, ostemplate=self.p["ostemplate"])
+        if self.p["rootfs"]:
+            body["rootfs"] = self.p["rootfs"]
+        self.task(f"Creating CT {self.vmid}", self.client.api.nodes(self.node).lxc.post, **body)
+
+    def update(self) -> None:
+        current = self.client.call(f"Reading the config of CT {self.vmid}", self.ct.config.get)
+        if self.p["hostname"] and current.get("hostname") not in (None, self.p["hostname"]):
+            self.fail(f"VMID {self.vmid} on {self.node} is {current.get('hostname')!r}, not {self.p['hostname']!r}: "
+                      "pick another VMID, or declare its hostname to adopt it.")  # fmt: skip
+        managed = tuple(x for x, wanted in (("mp", self.p["mounts"]), ("dev", self.p["devices"])) if wanted is not None)
+        changes, deletes = diff_config(current, render_desired(self.p), managed)
+        if not changes and not deletes:
+            return
+        self.result["changed"] = True
+        self.result["updated"] = sorted([*changes, *deletes])
+        if self.module._diff:
+            before = {k: str(current.get(k, "")) for k in self.result["updated"] if k in current}
+            self.result["diff"] = {"before": _lines(before), "after": _lines(dict(changes))}
+        if not self.check:
+            body = dict(changes, digest=current.get("digest", ""))
+            if deletes:
+                body["delete"] = ",".join(deletes)
+            self.client.call(f"Updating the config of CT {self.vmid}", self.ct.config.put, **body)
+        pending = needs_restart(self.result["updated"]) if self.here.get("status") == "running" else []
+        if pending and self.p["restart"] and self.p["state"] != "stopped":
+            self.result["restarted"] = True
+            if not self.check:
+                self.task(f"Stopping CT {self.vmid} to apply {', '.join(pending)}", self.ct.status.stop.post)
+                self.here["status"] = "stopped"
+        elif pending:
+            self.result["restart_needed"] = pending
+            self.module.warn(f"CT {self.vmid} needs a restart to apply {', '.join(pending)}: set restart: true.")
+
+    def power(self) -> None:
+        """started or stopped as asked (present leaves the power state alone)."""
+        if self.check:
+            status = (self.here or {}).get("status", "stopped")
+        else:
+            status = self.client.call(f"Reading the status of CT {self.vmid}", self.ct.status.current.get)["status"]
+        if self.p["state"] == "started" and status != "running":
+            self.result["changed"] = True
+            if not self.check:
+                self.task(f"Starting CT {self.vmid}", self.ct.status.start.post)
+            status = "running"
+        elif self.p["state"] == "stopped" and status == "running":
+            self.result["changed"] = True
+            if not self.check:
+                self.task(f"Stopping CT {self.vmid}", self.ct.status.shutdown.post, forceStop=1, timeout=60)
+            status = "stopped"
+        self.result["status"] = status
+        if not self.check:
+            self.result["config"] = self.client.call(f"Reading the config of CT {self.vmid}", self.ct.config.get)
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "api_host": {"type": "str", "required": True},
-            "api_port": {"type": "int", "default": 8006},
-            "api_user": {"type": "str", "default": "root@pam"},
-            "api_token_id": {"type": "str"},
-            "api_token_secret": {"type": "str", "no_log": True},
-            "api_password": {"type": "str", "no_log": True},
-            "validate_certs": {"type": "str", "default": "true"},
-            "node": {"type": "str", "required": True},
-            "vmid": {"type": "int", "required": True},
-            "hostname": {"type": "str"},
-            "ostemplate": {"type": "str"},
-            "rootfs": {"type": "str"},
-            "cores": {"type": "int"},
-            "memory": {"type": "int"},
-            "swap": {"type": "int"},
-            "features": {"type": "str"},
-            "description": {"type": "str"},
-            "onboot": {"type": "bool"},
-            "tags": {"type": "list", "elements": "str"},
-            "mounts": {
-                "type": "list",
-                "elements": "dict",
-                "options": {
-                    "host_path": {"type": "str"},
-                    "volume": {"type": "str"},
-                    "mp": {"type": "str", "required": True},
-                    "read_only": {"type": "bool", "default": False},
-                },
-            },
-            "devices": {"type": "list", "elements": "str"},
-            "state": {"type": "str", "default": "started", "choices": ["present", "started", "stopped", "absent"]},
-            "restart": {"type": "bool", "default": False},
-            "timeout": {"type": "int", "default": 300},
-        },
+        argument_spec=ARGUMENT_SPEC,
         required_one_of=[("api_token_id", "api_password")],
         required_together=[("api_token_id", "api_token_secret")],
         supports_check_mode=True,
     )
-    p = module.params
-    vmid, node = p["vmid"], p["node"]
-    result: dict = {"changed": False, "created": False, "updated": [], "restart_needed": [], "restarted": False,
-                    "status": "absent", "config": {}, "tasks": []}  # fmt: skip
-    verify: bool | str = {"true": True, "yes": True, "false": False, "no": False}.get(
-        p["validate_certs"].lower(), p["validate_certs"]
-    )
-    for m in p["mounts"] or []:
-        if bool(m.get("host_path")) == bool(m.get("volume")):
-            module.fail_json(msg=f"Mount point {m['mp']} needs exactly one of host_path or volume.", **result)
-
-    def call(what: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except PveError:
-            raise
-        except Exception as exc:  # proxmoxer, requests: turned into one sentence
-            raise PveError(describe_error(exc, what)) from exc
-
-    def run_task(what: str, fn, *args, **kwargs) -> None:
-        upid = call(what, fn, *args, **kwargs)
-        result["tasks"].append(upid)
-        call(what, wait_task, api, node, upid, p["timeout"])
-
+    container = ProxmoxContainer(module)
+    container.validate()
     try:
-        api = call(
-            "Connecting to the Proxmox API",
-            connect,
-            p["api_host"],
-            p["api_port"],
-            p["api_user"],
-            p["api_token_id"],
-            p["api_token_secret"],
-            p["api_password"],
-            verify,
-        )
-        nodes = [n["node"] for n in call("Listing the nodes", api.nodes.get)]
-        if node not in nodes:
-            module.fail_json(
-                msg=f"Node {node!r} is not in the cluster (nodes: {', '.join(nodes)}): fix node.", **result
-            )
-        resources = call("Listing the guests", api.cluster.resources.get, type="vm")
-        here = next((r for r in resources if int(r.get("vmid", -1)) == vmid), None)
-        if here and here.get("node") != node:
-            module.fail_json(
-                msg=f"VMID {vmid} is already used by {here.get('name', '?')} on node {here.get('node')}: pick another.",
-                **result,
-            )
-        ct = api.nodes(node).lxc(vmid)
-        desired = render_desired(p)
-
-        if p["state"] == "absent":
-            if here:
-                result["changed"] = True
-                if not module.check_mode:
-                    if here.get("status") == "running":
-                        run_task(f"Stopping CT {vmid}", ct.status.stop.post)
-                    run_task(f"Destroying CT {vmid}", ct.delete)
-            module.exit_json(**result)
-
-        if not here:
-            if not p["ostemplate"]:
-                module.fail_json(msg=f"CT {vmid} does not exist and no ostemplate was given to create it.", **result)
-            result.update(changed=True, created=True, updated=sorted(desired))
-            if module._diff:
-                result["diff"] = {"before": "", "after": "".join(f"{k}: {v}\n" for k, v in sorted(desired.items()))}
-            if module.check_mode:
-                module.exit_json(**result)
-            create = dict(desired, vmid=vmid, ostemplate=p["ostemplate"])
-            if p["rootfs"]:
-                create["rootfs"] = p["rootfs"]
-            run_task(f"Creating CT {vmid}", api.nodes(node).lxc.post, **create)
-        else:
-            current = call(f"Reading the config of CT {vmid}", ct.config.get)
-            if p["hostname"] and current.get("hostname") not in (None, p["hostname"]):
-                module.fail_json(
-                    msg=f"VMID {vmid} on {node} is {current.get('hostname')!r}, not {p['hostname']!r}: pick another "
-                    "VMID, or declare its hostname to adopt it.",
-                    **result,
-                )
-            managed = tuple(x for x, wanted in (("mp", p["mounts"]), ("dev", p["devices"])) if wanted is not None)
-            changes, deletes = diff_config(current, desired, managed)
-            if changes or deletes:
-                result["changed"] = True
-                result["updated"] = sorted([*changes, *deletes])
-                if module._diff:
-                    before = {k: str(current.get(k, "")) for k in result["updated"] if k in current}
-                    after = dict(changes)
-                    result["diff"] = {
-                        "before": "".join(f"{k}: {v}\n" for k, v in sorted(before.items())),
-                        "after": "".join(f"{k}: {v}\n" for k, v in sorted(after.items())),
-                    }
-                if not module.check_mode:
-                    body = dict(changes, digest=current.get("digest", ""))
-                    if deletes:
-                        body["delete"] = ",".join(deletes)
-                    call(f"Updating the config of CT {vmid}", ct.config.put, **body)
-                running = here.get("status") == "running"
-                pending = needs_restart(result["updated"]) if running else []
-                if pending and p["restart"] and p["state"] != "stopped":
-                    result["restarted"] = True
-                    if not module.check_mode:
-                        run_task(f"Stopping CT {vmid} to apply {', '.join(pending)}", ct.status.stop.post)
-                        here["status"] = "stopped"
-                elif pending:
-                    result["restart_needed"] = pending
-                    module.warn(f"CT {vmid} needs a restart to apply {', '.join(pending)}: set restart: true.")
-
-        status = "stopped" if module.check_mode and not here else (
-            call(f"Reading the status of CT {vmid}", ct.status.current.get)["status"]
-            if not module.check_mode else (here or {}).get("status", "stopped")
-        )  # fmt: skip
-        if p["state"] == "started" and status != "running":
-            result["changed"] = True
-            if not module.check_mode:
-                run_task(f"Starting CT {vmid}", ct.status.start.post)
-            status = "running"
-        elif p["state"] == "stopped" and status == "running":
-            result["changed"] = True
-            if not module.check_mode:
-                run_task(f"Stopping CT {vmid}", ct.status.shutdown.post, forceStop=1, timeout=60)
-            status = "stopped"
-        result["status"] = status
-        if not module.check_mode:
-            result["config"] = call(f"Reading the config of CT {vmid}", ct.config.get)
+        container.run()
     except PveError as exc:
-        module.fail_json(msg=str(exc), **result)
+        container.fail(str(exc))
     except Exception as exc:  # the unexpected gets a traceback
-        module.fail_json(msg=f"proxmox_ct failed unexpectedly: {exc}", exception=traceback.format_exc(), **result)
-    module.exit_json(**result)
+        module.fail_json(msg=f"proxmox_ct failed unexpectedly: {exc}", exception=traceback.format_exc(),
+                         **container.result)
+    module.exit_json(**container.result)
 
 
 if __name__ == "__main__":

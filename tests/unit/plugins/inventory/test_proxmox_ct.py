@@ -13,6 +13,7 @@ os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import inventory_loader
+from ansible_collections.eagle3.ops.plugins.module_utils._pve import PveClient
 
 RECORDED = json.loads((ROOT / "tests" / "data" / "pve_multinode.json").read_text())
 
@@ -36,7 +37,7 @@ def build(tmp_path: Path, extra: str = "") -> InventoryManager:
     )
     plugin_cls = inventory_loader.get("eagle3.ops.proxmox_ct", class_only=True)
     original = plugin_cls._api
-    plugin_cls._api = lambda self: Recorded()
+    plugin_cls._api = lambda self: PveClient(Recorded())
     try:
         return InventoryManager(loader=DataLoader(), sources=[str(cfg)])
     finally:

@@ -1,0 +1,26 @@
+"""The one Proxmox client of the collection: how validate_certs is read, and calls that fail in one sentence."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.eagle3.ops.plugins.module_utils._pve import PveClient, PveError, parse_validate_certs
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(True, True), (False, False), ("true", True), ("Yes", True), ("no", False), ("False", False), ("0", False),
+     ("/etc/pve/pve-root-ca.pem", "/etc/pve/pve-root-ca.pem")],
+)
+def test_validate_certs_is_read_one_way_for_module_and_inventory(given, expected):
+    assert parse_validate_certs(given) == expected
+
+
+def test_a_failed_call_is_one_sentence_naming_it():
+    class Refused(Exception):
+        status_code = 401
+
+    def boom():
+        raise Refused("401 Unauthorized: authentication failure")
+
+    with pytest.raises(PveError, match=r"^Listing the nodes: the API refused the credentials"):
+        PveClient(api=None).call("Listing the nodes", boom)

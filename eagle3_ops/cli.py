@@ -226,6 +226,75 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 on_event=sweep_progress(points))
 
 
+def _parse_node(text: str) -> dict[str, str]:
+    name, sep, address = text.partition("=")
+    if not sep or not name or not address:
+        raise SystemExit(f"eagle3-ops init: --node expects NAME=ADDRESS (e.g. pve1=pve1.example.org), got {text!r}")
+    return {"name": name, "address": address}
+
+
+def _parse_ct(text: str, nodes: dict[str, str], role: str) -> dict[str, Any]:
+    node, sep, vmid = text.partition(":")
+    if not sep or not vmid.isdigit() or not 100 <= int(vmid) <= 999999999:
+        raise SystemExit(f"eagle3-ops init: --{role} expects NODE:VMID with a VMID of 100 or more, got {text!r}")
+    if node not in nodes:
+        raise SystemExit(f"eagle3-ops init: --{role} {text}: node {node!r} was not given with --node "
+                         f"(nodes: {', '.join(nodes) or 'none'})")  # fmt: skip
+    return {"name": f"{role}-{vmid}", "node": node, "address": nodes[node], "vmid": int(vmid)}
+
+
+def _ask(question: str) -> list[str]:
+    """Space-separated answers to one question (only when stdin is a terminal)."""
+    if not sys.stdin.isatty():
+        return []
+    return input(f"{question}: ").split()
+
+
+def render_inventory(nodes: list[dict[str, str]], trainers: list[dict], servers: list[dict], user: str) -> str:
+    """The fleet inventory from templates/fleet-inventory.yml.j2 (the collection's own template)."""
+    import datetime
+    from pathlib import Path
+
+    import jinja2
+
+    templates = Path(__file__).resolve().parent.parent / "templates"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)  # noqa: S701
+    groups = {name: members for name, members in (("trainers", trainers), ("servers", servers)) if members}
+    return env.get_template("fleet-inventory.yml.j2").render(
+        nodes=nodes, groups=groups, user=user, date=datetime.date.today().isoformat())
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write a fleet inventory from a few answers: the Proxmox nodes and which VMIDs train and serve."""
+    from pathlib import Path
+
+    import yaml
+
+    out = Path(args.directory) / "hosts.yml"
+    if out.exists() and not args.force:
+        print(f"eagle3-ops init: {out} exists; pass --force to replace it", file=sys.stderr)
+        return EXIT_USAGE
+    node_args = args.node or _ask("Proxmox nodes as NAME=ADDRESS (e.g. pve1=pve1.example.org pve2=10.0.0.12)")
+    nodes = [_parse_node(n) for n in node_args]
+    if not nodes:
+        print("eagle3-ops init: give at least one --node NAME=ADDRESS", file=sys.stderr)
+        return EXIT_USAGE
+    by_name = {n["name"]: n["address"] for n in nodes}
+    trainers = [_parse_ct(t, by_name, "trainer") for t in (args.trainer or _ask("Trainer containers as NODE:VMID"))]
+    servers = [_parse_ct(t, by_name, "server") for t in (args.server or _ask("Server containers as NODE:VMID"))]
+    if not trainers and not servers:
+        print("eagle3-ops init: give at least one --trainer or --server NODE:VMID", file=sys.stderr)
+        return EXIT_USAGE
+    text = render_inventory(nodes, trainers, servers, args.user)
+    yaml.safe_load(text)  # a template bug must not reach the user's inventory
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}: {len(nodes)} nodes, {len(trainers)} trainers, {len(servers)} servers; "
+          f"use it with -i {out.parent}")  # fmt: skip
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagle3-ops",
@@ -260,6 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
     status = sub.add_parser("status", parents=[common], help="one table for the fleet: GPUs, training, serving")
     status.set_defaults(func=cmd_status)
+    init = sub.add_parser("init", help="write a fleet inventory from a few answers (asks when flags are missing)")
+    init.add_argument("directory", help="inventory directory to write hosts.yml into")
+    init.add_argument("--node", action="append", metavar="NAME=ADDRESS", help="a Proxmox node (repeatable)")
+    init.add_argument("--trainer", action="append", metavar="NODE:VMID", help="a training container (repeatable)")
+    init.add_argument("--server", action="append", metavar="NODE:VMID", help="a serving container (repeatable)")
+    init.add_argument("--user", default="root", help="ssh user on the nodes (non-root users reach pct with sudo -n)")
+    init.add_argument("--force", action="store_true", help="replace an existing hosts.yml")
+    init.set_defaults(func=cmd_init)
     return parser
 
 

@@ -32,20 +32,16 @@ def speedups(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(points: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"# EAGLE-3 benchmark: {meta.get('target', '?')}", ""]
-    for key in ("draft", "engine", "client", "hosts", "date"):
-        if meta.get(key):
-            lines.append(f"- {key}: {meta[key]}")
-    lines += ["", "| draft tokens | concurrency | output tok/s | speedup | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
-              "ITL p99 ms | accept length |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    """The table, from the collection's templates/bench-report.md.j2 (the layout lives with the other templates)."""
+    import jinja2
+
+    templates = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, autoescape=False)  # noqa: S701 -- markdown, not HTML
+    env.filters["num"] = _fmt
     order = sorted(points, key=lambda p: (p.get("draft_tokens") or 0, p["max_concurrency"]))
-    for p in order:
-        label = "baseline" if p.get("draft_tokens") is None else str(p["draft_tokens"])
-        lines.append(f"| {label} | {p['max_concurrency']} | {_fmt(p.get('output_throughput'))} | "
-                     f"{_fmt(p.get('speedup'), 2)} | {_fmt(p.get('median_ttft_ms'))} | {_fmt(p.get('p99_ttft_ms'))} | "
-                     f"{_fmt(p.get('median_itl_ms'))} | {_fmt(p.get('p99_itl_ms'))} | "
-                     f"{_fmt(p.get('accept_length'), 2)} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    rows = [{**p, "label": "baseline" if p.get("draft_tokens") is None else str(p["draft_tokens"])} for p in order]
+    return env.get_template("bench-report.md.j2").render(points=rows, meta=meta)
 
 
 def plot(points: list[dict[str, Any]], path: str, title: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from eagle3_ops.cli import build_parser, progress_bar, render_status, wait_line
 
 
@@ -71,3 +73,29 @@ def test_outcomes_come_from_set_stats(capsys):
     _progress({"event": "playbook_on_stats", "event_data": {"artifact_data": stats}})
     out = capsys.readouterr().out
     assert "== outcome" in out and "ct129: drafter trained, best epoch 14" in out and "| 16 | 1 |" in out
+
+
+def test_init_writes_a_fleet_inventory_ansible_reads(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from eagle3_ops.cli import main
+
+    inv = tmp_path / "fleet"
+    rc = main(["init", str(inv), "--node", "pve1=10.0.0.11", "--node", "pve2=pve2.example.org",
+               "--trainer", "pve1:129", "--trainer", "pve2:131", "--server", "pve2:130"])
+    assert rc == 0
+    listing = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inv), "--list"],
+                             capture_output=True, text=True, check=True).stdout
+    data = json.loads(listing)
+    hostvars = data["_meta"]["hostvars"]
+    assert sorted(data["trainers"]["hosts"]) == ["trainer-129", "trainer-131"]
+    assert data["servers"]["hosts"] == ["server-130"]
+    assert hostvars["trainer-131"]["ansible_host"] == "pve2.example.org" and hostvars["trainer-131"]["pct_vmid"] == 131
+    assert hostvars["server-130"]["ansible_connection"] == "eagle3.ops.pct"
+    assert hostvars["pve1"]["proxmox_node"] == "pve1"
+    # An existing inventory is not overwritten, and bad answers are refused by name.
+    assert main(["init", str(inv), "--node", "pve1=x", "--server", "pve1:130"]) == 64
+    with pytest.raises(SystemExit, match="node 'pve9' was not given"):
+        main(["init", str(tmp_path / "other"), "--node", "pve1=x", "--server", "pve9:130"])

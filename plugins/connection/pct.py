@@ -109,17 +109,19 @@ all:
 import os
 import re
 import shlex
+import subprocess
 import typing as t
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection.ssh import Connection as SSHConnection
+from ansible.plugins.connection.ssh import _ssh_retry
 from ansible.utils.display import Display
 
 display = Display()
 
-# Bytes per transfer piece: bounded memory, and a dropped connection costs one piece, not the file.
-CHUNK = 16 << 20
+# Bytes per read of a streamed fetch, and per piece of a transfer with a password (through ssh's _run).
+CHUNK = 1 << 20
 _PCT_MISSING = re.compile(rb"(^|\s|:)\S*pct: (command )?not found|pct: No such file or directory")
 
 
@@ -224,10 +226,11 @@ class Connection(SSHConnection):
         remote = self.build_pct_command(argv)
         return self._build_command(self.get_option("ssh_executable"), "ssh", self.host, remote)
 
+    def _uses_password(self) -> bool:
+        return bool(self.get_option("password") or self._play_context.password)
+
     def _transfer(self, argv: list[str], in_data: bytes | None, what: str, path: str) -> bytes:
-        """One piece of a file transfer through the parent's _run: reconnection_retries, password auth and
-        every ssh option apply, exactly as to exec_command. Each piece is idempotent (it names its offset),
-        so resending it after a dropped connection writes or reads the same bytes again."""
+        """One piece of a transfer through the parent's _run (password auth and retries, as exec_command)."""
         cmd = self._stream_command(argv)
         try:
             rc, out, err = self._run(cmd, in_data, sudoable=False, checkrc=False)
@@ -238,6 +241,36 @@ class Connection(SSHConnection):
         if rc != 0:
             self._transfer_failed(rc, err, what, path)
         return out
+
+    @_ssh_retry
+    def _stream_put(self, cmd: list[bytes], in_path: bytes, sudoable: bool = False) -> tuple[int, bytes, bytes]:
+        """Stream a whole file into ssh's stdin (constant memory); retried from the start, which is idempotent."""
+        with open(in_path, "rb") as src:
+            proc = subprocess.Popen(cmd, stdin=src, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stderr = proc.stderr.read() if proc.stderr else b""
+            return proc.wait(), b"", stderr
+
+    @_ssh_retry
+    def _stream_fetch(self, cmd: list[bytes], out_path: bytes, sudoable: bool = False) -> tuple[int, bytes, bytes]:
+        """Stream ssh's stdout into a local file in CHUNK reads; a retry rewrites the file from the start."""
+        with open(out_path, "wb") as dst:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            if proc.stdout is None:  # Popen was given stdout=PIPE; satisfies the type checker
+                raise AnsibleConnectionFailure("pct file transfer: the ssh process has no stdout pipe")
+            while chunk := proc.stdout.read(CHUNK):
+                dst.write(chunk)
+            stderr = proc.stderr.read() if proc.stderr else b""
+            return proc.wait(), b"", stderr
+
+    def _streamed(self, method: t.Any, argv: list[str], local: bytes, what: str, path: str) -> None:
+        try:
+            rc, _out, err = method(self._stream_command(argv), local, sudoable=False)
+        except AnsibleConnectionFailure as exc:
+            explained = self._explain(255, to_bytes(str(exc)))
+            reason = explained or f"Cannot reach the hypervisor of {self._where()}: {exc}"
+            raise AnsibleConnectionFailure(reason) from None
+        if rc != 0:
+            self._transfer_failed(rc, err, what, path)
 
     def _transfer_failed(self, rc: int, stderr: bytes, what: str, path: str) -> t.NoReturn:
         explained = self._explain(rc, stderr)
@@ -250,33 +283,46 @@ class Connection(SSHConnection):
         raise AnsibleError(f"{what} {path} in {self._where()} failed (rc={rc}): {to_text(stderr).strip()}")
 
     def put_file(self, in_path: str, out_path: str) -> None:  # type: ignore[override]
-        """Send a local file into the container in CHUNK-sized pieces; the writer runs inside the container."""
+        """Send a local file into the container; the writer runs inside it, so paths resolve there.
+
+        Both ways go through ssh's reconnection retries. With key auth the file streams through one ssh
+        channel at constant memory; with a password (sshpass or SSH_ASKPASS, which only the parent's _run
+        knows how to feed) it goes in CHUNK-sized pieces through _run, each naming its offset, so a retried
+        piece writes the same bytes again.
+        """
         super(SSHConnection, self).put_file(in_path, out_path)
         b_in = to_bytes(in_path, errors="surrogate_or_strict")
         if not os.path.exists(b_in):
             raise AnsibleFileNotFound(f"file or module does not exist: {in_path}")
         display.vvv(f"PCT PUT {in_path} TO {out_path}", host=self.host)
+        first = ["/bin/sh", "-c", 'exec cat > "$1"', "sh", out_path]
+        if not self._uses_password():
+            self._streamed(self._stream_put, first, b_in, "Writing", out_path)
+            return
         with open(b_in, "rb") as src:
             offset = 0
             while True:
                 piece = src.read(CHUNK)
-                if offset == 0:  # the first piece truncates (or creates) the file
-                    argv = ["/bin/sh", "-c", 'exec cat > "$1"', "sh", out_path]
-                else:
-                    argv = ["/bin/sh", "-c",
-                            'exec dd of="$1" bs=1M seek="$2" oflag=seek_bytes conv=notrunc status=none',
-                            "sh", out_path, str(offset)]  # fmt: skip
+                if not piece:
+                    if offset == 0:  # an empty file: create it without reading stdin (_run sends no EOF for b"")
+                        self._transfer(["/bin/sh", "-c", ': > "$1"', "sh", out_path], None, "Writing", out_path)
+                    break
+                argv = first if offset == 0 else [
+                    "/bin/sh", "-c", 'exec dd of="$1" bs=1M seek="$2" oflag=seek_bytes conv=notrunc status=none',
+                    "sh", out_path, str(offset)]  # fmt: skip
                 self._transfer(argv, piece, "Writing", out_path)
                 offset += len(piece)
-                if len(piece) < CHUNK:
-                    break
 
     def fetch_file(self, in_path: str, out_path: str) -> None:  # type: ignore[override]
-        """Fetch a file out of the container in CHUNK-sized pieces to a local path."""
+        """Fetch a file out of the container to a local path (streamed with keys, in pieces with a password)."""
         super(SSHConnection, self).fetch_file(in_path, out_path)
         display.vvv(f"PCT FETCH {in_path} TO {out_path}", host=self.host)
         b_out = to_bytes(out_path, errors="surrogate_or_strict")
         try:
+            if not self._uses_password():
+                self._streamed(self._stream_fetch, ["/bin/sh", "-c", 'exec cat -- "$1"', "sh", in_path], b_out,
+                               "Reading", in_path)  # fmt: skip
+                return
             with open(b_out, "wb") as dst:
                 offset = 0
                 while True:
@@ -289,7 +335,8 @@ class Connection(SSHConnection):
                     if len(piece) < CHUNK:
                         break
         except AnsibleError:
-            os.unlink(b_out)
+            if os.path.exists(b_out):
+                os.unlink(b_out)
             raise
 
     def reset(self) -> None:

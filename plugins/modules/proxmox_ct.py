@@ -175,8 +175,14 @@ class ProxmoxContainer:
         self.vmid, self.node = self.p["vmid"], self.p["node"]
         self.result: dict = {"changed": False, "created": False, "updated": [], "restart_needed": [],
                              "restarted": False, "status": "absent", "config": {}, "tasks": []}  # fmt: skip
-        self.client: PveClient | None = None
+        self._client: PveClient | None = None
         self.here: dict | None = None  # the container's cluster resource, when it exists
+
+    @property
+    def client(self) -> PveClient:
+        if self._client is None:
+            raise PveError("not connected to the Proxmox API yet")  # a bug in the call order, never user input
+        return self._client
 
     def fail(self, msg: str) -> None:
         self.module.fail_json(msg=msg, **self.result)
@@ -197,9 +203,9 @@ class ProxmoxContainer:
     def locate(self) -> None:
         """Connect, check the node, and find the VMID in the cluster (refusing one used elsewhere)."""
         p = self.p
-        self.client = PveClient.connect(p["api_host"], p["api_port"], p["api_user"], p["api_token_id"],
-                                        p["api_token_secret"], p["api_password"], p["validate_certs"],
-                                        timeout=p["timeout"])  # fmt: skip
+        self._client = PveClient.connect(p["api_host"], p["api_port"], p["api_user"], p["api_token_id"],
+                                         p["api_token_secret"], p["api_password"], p["validate_certs"],
+                                         timeout=p["timeout"])  # fmt: skip
         nodes = [n["node"] for n in self.client.call("Listing the nodes", self.client.api.nodes.get)]
         if self.node not in nodes:
             self.fail(f"Node {self.node!r} is not in the cluster (nodes: {', '.join(nodes)}): fix node.")
@@ -262,12 +268,13 @@ class ProxmoxContainer:
             if deletes:
                 body["delete"] = ",".join(deletes)
             self.client.call(f"Updating the config of CT {self.vmid}", self.ct.config.put, **body)
-        pending = needs_restart(self.result["updated"]) if self.here.get("status") == "running" else []
+        here = self.here or {}
+        pending = needs_restart(self.result["updated"]) if here.get("status") == "running" else []
         if pending and self.p["restart"] and self.p["state"] != "stopped":
             self.result["restarted"] = True
             if not self.check:
                 self.task(f"Stopping CT {self.vmid} to apply {', '.join(pending)}", self.ct.status.stop.post)
-                self.here["status"] = "stopped"
+                here["status"] = "stopped"
         elif pending:
             self.result["restart_needed"] = pending
             self.module.warn(f"CT {self.vmid} needs a restart to apply {', '.join(pending)}: set restart: true.")

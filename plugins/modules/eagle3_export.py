@@ -140,130 +140,153 @@ def _is_sglang(conf: dict) -> bool:
     return conf.get("architectures") == ["LlamaForCausalLMEagle3"]
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "src": {"type": "path", "required": True},
-            "dest": {"type": "path"},
-            "allow_incompatible": {
-                "type": "list",
-                "elements": "str",
-                "default": [],
-                "choices": ["norm_before_fc", "norm_output", "norm_before_residual", "sliding_window", "layer_count"],
-            },
-            "max_draft_layers": {"type": "int", "default": 1},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    src = p["src"].rstrip("/")
-    dest = (p["dest"] or src).rstrip("/")
-    in_place = os.path.realpath(dest) == os.path.realpath(src)
-    result: dict = {"changed": False, "dest": dest, "renames": [], "dropped": [], "incompatibilities": []}
-    try:
-        if p["max_draft_layers"] < 1:
+ARGUMENT_SPEC = {
+    "src": {"type": "path", "required": True},
+    "dest": {"type": "path"},
+    "allow_incompatible": {
+        "type": "list",
+        "elements": "str",
+        "default": [],
+        "choices": ["norm_before_fc", "norm_output", "norm_before_residual", "sliding_window", "layer_count"],
+    },
+    "max_draft_layers": {"type": "int", "default": 1},
+}
+
+
+class Done(Exception):
+    """Nothing (more) to do: the result is complete."""
+
+
+class DraftExporter:
+    """speculators epoch directory -> SGLang draft: check, plan, skip when up to date, write, verify."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.src = self.p["src"].rstrip("/")
+        self.dest = (self.p["dest"] or self.src).rstrip("/")
+        self.in_place = os.path.realpath(self.dest) == os.path.realpath(self.src)
+        self.weights = os.path.join(self.src, WEIGHTS)
+        self.result: dict = {"changed": False, "dest": self.dest, "renames": [], "dropped": [], "incompatibilities": []}
+
+    def run(self) -> None:
+        if self.p["max_draft_layers"] < 1:
             raise ExportError("max_draft_layers must be 1 or more")
-        if os.path.isdir(src) and os.path.exists(os.path.join(src, "model.safetensors.index.json")):
-            raise ExportError(f"{src} is sharded; eagle3_export handles single-file drafters, use safetensors_remap")
-        src_conf = _read_json(os.path.join(src, "config.json"))
-        weights = os.path.join(src, WEIGHTS)
-        if not module.check_mode:
-            recover(weights)
+        if os.path.isdir(self.src) and os.path.exists(os.path.join(self.src, "model.safetensors.index.json")):
+            raise ExportError(f"{self.src} is sharded; eagle3_export handles single-file drafters: "
+                              "use safetensors_remap")
+        src_conf = _read_json(os.path.join(self.src, "config.json"))
+        if not self.module.check_mode:
+            recover(self.weights)
         if _is_sglang(src_conf):
-            # Already exported (in place): verify it, change nothing.
-            header = read_header(weights)
-            problems = check_tensors(src_conf, {t.name: t.shape for t in header.tensors})
-            if problems:
-                raise ExportError(f"{src} is an SGLang draft with problems: {'; '.join(problems)}")
-            if not in_place:
-                raise ExportError(
-                    f"{src} is already an SGLang draft, not a speculators checkpoint: use it as the draft"
-                )
-            result["config"] = src_conf
-            module.exit_json(**result)
-        found = check_speculators_config(src_conf, p["max_draft_layers"])
-        result["incompatibilities"] = [{"key": i.key, "reason": i.reason, "retrain_with": i.flag} for i in found]
-        refused = [i for i in found if i.key not in p["allow_incompatible"]]
+            self.already_exported(src_conf)
+        self.check_compatible(src_conf)
+        sg, header, pl, pairs = self.plan(src_conf)
+        current = self.up_to_date(sg, pairs)
+        self.result["changed"] = True
+        if self.module._diff:
+            self.result["diff"] = {
+                "before": json.dumps(current if current is not None else src_conf, indent=2, sort_keys=True) + "\n",
+                "after": json.dumps(sg, indent=2, sort_keys=True) + "\n",
+                "before_header": os.path.join(self.dest, "config.json"),
+                "after_header": os.path.join(self.dest, "config.json"),
+            }
+        if not self.module.check_mode:
+            self.write(sg, header, pl)
+
+    def already_exported(self, conf: dict) -> None:
+        """An SGLang draft given as src: verify it in place and change nothing."""
+        header = read_header(self.weights)
+        problems = check_tensors(conf, {t.name: t.shape for t in header.tensors})
+        if problems:
+            raise ExportError(f"{self.src} is an SGLang draft with problems: {'; '.join(problems)}")
+        if not self.in_place:
+            raise ExportError(f"{self.src} is already an SGLang draft, not a speculators checkpoint: "
+                              "use it as the draft")
+        self.result["config"] = conf
+        raise Done
+
+    def check_compatible(self, conf: dict) -> None:
+        found = check_speculators_config(conf, self.p["max_draft_layers"])
+        self.result["incompatibilities"] = [{"key": i.key, "reason": i.reason, "retrain_with": i.flag} for i in found]
+        refused = [i for i in found if i.key not in self.p["allow_incompatible"]]
         if refused:
             reasons = "; ".join(i.reason for i in refused)
             flags = " ".join(i.flag for i in refused)
             keys = ", ".join(i.key for i in refused)
-            module.fail_json(
-                msg=f"{src} computes something SGLang's llama EAGLE-3 does not ({reasons}): retrain with {flags}, "
-                f"or accept the difference with allow_incompatible: [{keys}].",
-                **result,
-            )
-        sg = sglang_config(src_conf)
-        layers = sg["num_hidden_layers"]
-        header = read_header(weights)
+            raise ExportError(f"{self.src} computes something SGLang's llama EAGLE-3 does not ({reasons}): retrain "
+                              f"with {flags}, or accept the difference with allow_incompatible: [{keys}].")
+
+    def plan(self, conf: dict):
+        sg = sglang_config(conf)
+        header = read_header(self.weights)
         drop = ["^t2d$"]
-        if "norm_before_fc" in p["allow_incompatible"]:
+        if "norm_before_fc" in self.p["allow_incompatible"]:
             drop.append(r"^input_norm\.weight$")  # SGLang has no place for it; the user accepted that
-        pl: Plan = plan(header, _rules(layers), drop)
+        pl: Plan = plan(header, _rules(sg["num_hidden_layers"]), drop)
         # (original tensor, exported name), in header order, for the tensors that are kept
         pairs = list(zip([t for t in header.tensors if t.name not in pl.dropped], pl.new_names, strict=True))
-        exported = {new: t.shape for t, new in pairs}
-        problems = check_tensors(sg, exported)
+        problems = check_tensors(sg, {new: t.shape for t, new in pairs})
         if problems:
-            raise ExportError(f"{src} cannot become a complete SGLang draft: {'; '.join(problems)}")
-        result.update(config=sg, renames=[list(r) for r in pl.renames], dropped=pl.dropped)
+            raise ExportError(f"{self.src} cannot become a complete SGLang draft: {'; '.join(problems)}")
+        self.result.update(config=sg, renames=[list(r) for r in pl.renames], dropped=pl.dropped)
+        return sg, header, pl, pairs
 
-        current = None
-        if not in_place and os.path.exists(os.path.join(dest, "config.json")):
-            current = _read_json(os.path.join(dest, "config.json"))
-            try:
-                dest_header = read_header(os.path.join(dest, WEIGHTS))
-                same_weights = [(t.name, t.shape, t.dtype) for t in dest_header.tensors] == [
-                    (new, t.shape, t.dtype) for t, new in pairs
-                ] and dest_header.file_size - dest_header.data_start == sum(t.end - t.begin for t, _unused in pairs)
-            except SafetensorsError:
-                same_weights = False
-            if (
-                current == sg
-                and same_weights
-                and os.path.getmtime(os.path.join(dest, WEIGHTS)) >= os.path.getmtime(weights)
-            ):
-                module.exit_json(**result)
-        result["changed"] = True
-        if module._diff:
-            result["diff"] = {
-                "before": json.dumps(current if current is not None else src_conf, indent=2, sort_keys=True) + "\n",
-                "after": json.dumps(sg, indent=2, sort_keys=True) + "\n",
-                "before_header": os.path.join(dest, "config.json"),
-                "after_header": os.path.join(dest, "config.json"),
-            }
-        if module.check_mode:
-            module.exit_json(**result)
+    def up_to_date(self, sg: dict, pairs: list) -> dict | None:
+        """The draft at dest's config (None when there is none); raises Done when dest already holds this export."""
+        if self.in_place or not os.path.exists(os.path.join(self.dest, "config.json")):
+            return None
+        current = _read_json(os.path.join(self.dest, "config.json"))
+        try:
+            dest_header = read_header(os.path.join(self.dest, WEIGHTS))
+            same_weights = [(t.name, t.shape, t.dtype) for t in dest_header.tensors] == [
+                (new, t.shape, t.dtype) for t, new in pairs
+            ] and dest_header.file_size - dest_header.data_start == sum(t.end - t.begin for t, _unused in pairs)
+        except SafetensorsError:
+            same_weights = False
+        newer = os.path.getmtime(os.path.join(self.dest, WEIGHTS)) >= os.path.getmtime(self.weights) if same_weights \
+            else False
+        if current == sg and same_weights and newer:
+            raise Done
+        return current
 
+    def write(self, sg: dict, header, pl: Plan) -> None:
         obj, copies = build_header(pl, compact=bool(pl.dropped))
-        new_header = encode_header(obj)
-        if in_place:
-            keep = os.path.join(src, ORIGINAL_DIR)
+        if self.in_place:
+            keep = os.path.join(self.src, ORIGINAL_DIR)
             os.makedirs(keep, exist_ok=True)
-            shutil.copy2(os.path.join(src, "config.json"), os.path.join(keep, "config.json"))
+            shutil.copy2(os.path.join(self.src, "config.json"), os.path.join(keep, "config.json"))
             kept_weights = os.path.join(keep, WEIGHTS)
             if os.path.exists(kept_weights):
                 os.unlink(kept_weights)
             # A new file replaces model.safetensors; the hard link keeps the original's inode intact.
-            os.link(weights, kept_weights)
+            os.link(self.weights, kept_weights)
         else:
-            os.makedirs(dest, exist_ok=True)
-        write_rewrite(header, new_header, copies if pl.dropped else None, dest=os.path.join(dest, WEIGHTS))
-        write_json_atomic(os.path.join(dest, "config.json"), sg)
-        final = read_header(os.path.join(dest, WEIGHTS))
+            os.makedirs(self.dest, exist_ok=True)
+        write_rewrite(header, encode_header(obj), copies if pl.dropped else None, dest=os.path.join(self.dest, WEIGHTS))
+        write_json_atomic(os.path.join(self.dest, "config.json"), sg)
+        final = read_header(os.path.join(self.dest, WEIGHTS))
         problems = check_tensors(sg, {t.name: t.shape for t in final.tensors})
         if problems:
-            raise ExportError(f"the exported {dest} failed its own check: {'; '.join(problems)}")
+            raise ExportError(f"the exported {self.dest} failed its own check: {'; '.join(problems)}")
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    exporter = DraftExporter(module)
+    try:
+        exporter.run()
+    except Done:
+        pass
     except (ExportError, SafetensorsError) as exc:
-        module.fail_json(msg=str(exc), **result)
+        module.fail_json(msg=str(exc), **exporter.result)
     except OSError as exc:
-        module.fail_json(
-            msg=f"Writing the draft to {exc.filename or dest} failed ({exc.strerror}): free space or fix permissions.",
-            **result,
-        )
+        module.fail_json(msg=f"Writing the draft to {exc.filename or exporter.dest} failed ({exc.strerror}): free "
+                         "space or fix permissions.", **exporter.result)  # fmt: skip
     except Exception as exc:
-        module.fail_json(msg=f"eagle3_export failed unexpectedly: {exc}", exception=traceback.format_exc(), **result)
-    module.exit_json(**result)
+        module.fail_json(msg=f"eagle3_export failed unexpectedly: {exc}", exception=traceback.format_exc(),
+                         **exporter.result)
+    module.exit_json(**exporter.result)
 
 
 if __name__ == "__main__":

@@ -176,8 +176,8 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 result = engine.generate(list(ids), max_new, on_tokens=emit)
                 usage = {"prompt_tokens": len(ids), "completion_tokens": len(result["output_ids"]),
                          "total_tokens": len(ids) + len(result["output_ids"])}  # fmt: skip
-                choice = {"index": 0, "finish_reason": finish(result, max_new),
-                          **({"delta": {}} if chat else {"text": ""})}  # fmt: skip
+                choice: dict[str, Any] = {"index": 0, "finish_reason": finish(result, max_new),
+                                          **({"delta": {}} if chat else {"text": ""})}  # fmt: skip
                 last: dict[str, Any] = {"id": rid, "object": obj + ".chunk", "model": name, "usage": usage,
                                         "choices": [choice]}  # fmt: skip
                 self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())

@@ -119,8 +119,9 @@ def smi(vmid: int, query: str = "index,memory.used") -> list[list[str]]:
 _KILL_MARKED = """
 import os, signal, sys
 marker = ("EAGLE3_TEST_JOB=" + sys.argv[1]).encode()
+spared = {os.getpid(), *(int(pid) for pid in sys.argv[2:])}
 for entry in os.listdir("/proc"):
-    if entry.isdigit() and int(entry) != os.getpid():
+    if entry.isdigit() and int(entry) not in spared:
         try:
             with open("/proc/" + entry + "/environ", "rb") as fh:
                 if marker in fh.read().split(b"\\0"):
@@ -136,8 +137,9 @@ def lab_workload(vmid: int | str, marker: str, *args: str) -> dict[str, int]:
     return json.loads(out)
 
 
-def stop_marked(vmid: int | str, marker: str) -> None:
-    pct("exec", str(vmid), "--", "python3", "-c", _KILL_MARKED, marker, check=False)
+def stop_marked(vmid: int | str, marker: str, *spare: int) -> None:
+    """SIGKILL this test's processes in the container, but the PIDs in spare."""
+    pct("exec", str(vmid), "--", "python3", "-c", _KILL_MARKED, marker, *map(str, spare), check=False)
 
 
 @pytest.fixture

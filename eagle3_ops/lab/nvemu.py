@@ -518,24 +518,17 @@ def workload_main(argv: list[str] | None = None) -> int:
             stderr=subprocess.DEVNULL,
         )
         pids["agent"] = agent.pid
-        if args.bystander:
-            by = subprocess.Popen(
-                [*me, "--role", "bystander", "--tag", args.tag + "-bystander"],
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            pids["bystander"] = by.pid
-        if args.observer:
-            obs = subprocess.Popen(
-                [*me, "--role", "observer", "--tag", args.tag + "-exporter"],
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            pids["observer"] = obs.pid
+        # Processes of their own that are not the job: a python3 holding nothing, an exporter holding device nodes.
+        extras = ((args.bystander, "bystander", "-bystander"), (args.observer, "observer", "-exporter"))
+        for wanted, role, suffix in extras:
+            if wanted:
+                pids[role] = subprocess.Popen(
+                    [*me, "--role", role, "--tag", args.tag + suffix],
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                ).pid
         # Wait until every worker's context is visible, so callers can measure right away.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

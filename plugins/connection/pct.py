@@ -231,16 +231,19 @@ class Connection(SSHConnection):
 
     def _transfer(self, argv: list[str], in_data: bytes | None, what: str, path: str) -> bytes:
         """One piece of a transfer through the parent's _run (password auth and retries, as exec_command)."""
-        cmd = self._stream_command(argv)
+        rc, out, err = self._retried(self._run, self._stream_command(argv), in_data, checkrc=False)
+        if rc != 0:
+            self._transfer_failed(rc, err, what, path)
+        return out
+
+    def _retried(self, method: t.Any, *args: t.Any, **kwargs: t.Any) -> tuple[int, bytes, bytes]:
+        """A retried ssh call; what is left after the retries is explained as the hypervisor being unreachable."""
         try:
-            rc, out, err = self._run(cmd, in_data, sudoable=False, checkrc=False)
+            return method(*args, sudoable=False, **kwargs)
         except AnsibleConnectionFailure as exc:
             explained = self._explain(255, to_bytes(str(exc)))
             reason = explained or f"Cannot reach the hypervisor of {self._where()}: {exc}"
             raise AnsibleConnectionFailure(reason) from None
-        if rc != 0:
-            self._transfer_failed(rc, err, what, path)
-        return out
 
     @_ssh_retry
     def _stream_put(self, cmd: list[bytes], in_path: bytes, sudoable: bool = False) -> tuple[int, bytes, bytes]:
@@ -263,12 +266,7 @@ class Connection(SSHConnection):
             return proc.wait(), b"", stderr
 
     def _streamed(self, method: t.Any, argv: list[str], local: bytes, what: str, path: str) -> None:
-        try:
-            rc, _out, err = method(self._stream_command(argv), local, sudoable=False)
-        except AnsibleConnectionFailure as exc:
-            explained = self._explain(255, to_bytes(str(exc)))
-            reason = explained or f"Cannot reach the hypervisor of {self._where()}: {exc}"
-            raise AnsibleConnectionFailure(reason) from None
+        rc, _out, err = self._retried(method, self._stream_command(argv), local)
         if rc != 0:
             self._transfer_failed(rc, err, what, path)
 

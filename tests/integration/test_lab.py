@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import PCT, hop, lab_workload, pct, recap, run_playbook, smi
+from tests.conftest import PCT, hop, lab_workload, pct, recap, run_playbook, smi, stop_marked
 
 pytestmark = pytest.mark.lab
 
@@ -183,20 +183,6 @@ def test_status_transitions_and_stopped_errors(scratch_ct, tmp_path):
     assert "description" not in pct("config", vmid).stdout
 
 
-_KILL_JOB_BUT = """
-import os, signal, sys
-marker, spare = ("EAGLE3_TEST_JOB=" + sys.argv[1]).encode(), int(sys.argv[2])
-for entry in os.listdir("/proc"):
-    if entry.isdigit() and int(entry) not in (os.getpid(), spare):
-        try:
-            with open("/proc/" + entry + "/environ", "rb") as fh:
-                if marker in fh.read().split(b"\\0"):
-                    os.kill(int(entry), signal.SIGKILL)
-        except OSError:
-            pass
-"""
-
-
 def test_gpu_memory_follows_a_workload(lab, job_marker):
     before = smi(129, "index,memory.used,utilization.gpu,power.draw")
     assert all(int(r[1]) < 100 and r[2] == "0" for r in before)
@@ -224,7 +210,7 @@ def test_gpu_memory_follows_a_workload(lab, job_marker):
         assert all(int(r[1]) >= 30000 for r in smi(129))
     finally:
         # Everything of this job but the bystander, which must still be alive afterwards.
-        pct("exec", "129", "--", "python3", "-c", _KILL_JOB_BUT, job_marker, str(pids["bystander"]), check=False)
+        stop_marked(129, job_marker, pids["bystander"])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(int(r[1]) >= 100 for r in smi(129)):
         time.sleep(0.2)

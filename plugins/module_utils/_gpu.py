@@ -176,7 +176,7 @@ def person_session(p: Proc) -> str | None:
     argv0 = p.argv[0] if p.argv else ""
     if argv0.startswith("-"):
         return f"login shell ({argv0})"
-    base = os.path.basename(argv0.lstrip("-")) or p.comm
+    base = os.path.basename(argv0) or p.comm
     if base in SHELLS or p.comm in SHELLS:
         interactive, login, operand, command = False, False, False, False
         words = p.argv[1:]

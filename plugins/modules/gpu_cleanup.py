@@ -226,9 +226,6 @@ ARGUMENT_SPEC = {
 }
 
 
-_STUCK = (state_word("D"), state_word("Z"))
-
-
 class GpuCleanup:
     """One run: scan, select, guard, then (unless in check mode) the ladder and the verification."""
 
@@ -356,12 +353,13 @@ class GpuCleanup:
         busy_idx = {g["index"] for g in busy}
         first_seen = {(q.pid, q.starttime) for q in procs.values()}
         spared = {q.pid: sel.reasons.get(q.pid, "spared") for q in [*sel.spared, *sel.observers]}
-        holders_after, parts, restarted = [], [], False
+        holders_after, parts, restarted, stuck = [], [], False, any(q.state in ("D", "Z") for q in survivors)
         for q in sorted(now.values(), key=lambda q: q.pid):
             if not (q.gpus & busy_idx or (q.control and not q.gpus and busy_idx)) or q.pid in sel.protected:
                 continue
             entry = {**q.describe(), "state": state_word(q.state), "new": (q.pid, q.starttime) not in first_seen}
             holders_after.append(entry)
+            stuck |= q.state in ("D", "Z")
             if entry["new"]:
                 restarted = True
                 parent = now.get(q.ppid)
@@ -378,7 +376,7 @@ class GpuCleanup:
         waited = f"{self.p['grace'] + self.p['timeout']:.0f} s"
         if restarted:
             fix = "stop what restarts the job (its supervisor or unit: stop_unit, or widen match) and run again"
-        elif any(q.state in ("D", "Z") for q in survivors) or any(e["state"] in _STUCK for e in holders_after):
+        elif stuck:
             fix = ("processes in D state or zombies wait on the driver, so check dmesg and, if they persist, "
                    "reset the GPU")
         elif holders_after:

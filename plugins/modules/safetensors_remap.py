@@ -177,7 +177,6 @@ class Progress:
 
     def __init__(self) -> None:
         self.rewritten: list[str] = []
-        self.pending: list[str] = []
         self.index_written = False
 
 
@@ -217,7 +216,6 @@ class SafetensorsRemapper:
                       "check the rules or the checkpoint.")
         index_obj = self.converge_index(index_path, plans) if index_path else None
         self.report_plans(plans, recovered)
-        self.progress.pending = [pl.header.path for pl in plans if pl.changed]
         if not self.check:
             self.write(plans, index_path, index_obj)
         self.result["changed"] = bool(
@@ -294,14 +292,14 @@ class SafetensorsRemapper:
             if pl.changed:
                 apply(pl)
                 self.progress.rewritten.append(pl.header.path)
-                self.progress.pending.remove(pl.header.path)
         if index_path and index_obj is not None:
             write_json_atomic(index_path, index_obj)
             self.progress.index_written = True
 
     def describe_failure(self, where: str, why: str) -> str:
         """One sentence: what failed, what was and was not changed, and the fix."""
-        done, todo = self.progress.rewritten, self.progress.pending
+        done = self.progress.rewritten
+        todo = [f["path"] for f in self.result["files"] if f["method"] != "none" and f["path"] not in done]
         index = self.result["index"]
         if not done:
             state = "the original is unchanged" if not index else "no file was changed"

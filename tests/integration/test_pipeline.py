@@ -125,7 +125,7 @@ def test_a_killed_real_trainer_resumes_from_the_last_complete_epoch(trained, scr
     start = _train("resume-test", "-e", "eagle3_train_epochs=4", "-e", "eagle3_train_wait=false")
     assert recap(start.stdout)["ct129"]["failed"] == 0
     deadline = time.monotonic() + 300
-    while pct("exec", "129", "--", "test", "-f", f"{save}/1/val_metrics.json", check=False).returncode:
+    while pct("exec", "129", "--", "test", "-f", f"{save}/1/training_state.json", check=False).returncode:
         assert time.monotonic() < deadline, "epoch 1 never completed"
         time.sleep(2)
     pct("exec", "129", "--", "systemctl", "kill", "-s", "KILL", "eagle3-train-resume-test")
@@ -137,4 +137,8 @@ def test_a_killed_real_trainer_resumes_from_the_last_complete_epoch(trained, scr
     log = ct("cat", f"/srv/eagle3/runs/resume-test/state/attempt-{attempts[-1]['n']}.log")
     assert "Training epoch 1/4 started" not in log and "Training epoch 4/4 started" in log
     result = read_json("/srv/eagle3/runs/resume-test/state/result.json")
-    assert sorted(result["epochs"]) == ["0", "1", "2", "3"]
+    # Every epoch has a checkpoint; metrics exist for the epochs speculators scored (it writes them only for
+    # an epoch that lowered the validation loss, and never for one killed between checkpoint and validation).
+    assert result["checkpoints"] == [0, 1, 2, 3]
+    assert sorted(int(e) for e in result["epochs"]) == sorted(set(result["checkpoints"]) - set(result["unscored"]))
+    assert "0" in result["epochs"] and result["best_epoch"] is not None

@@ -55,13 +55,22 @@ def epoch_summary(val_metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def collect(save_dir: str) -> dict[str, Any]:
-    """Summaries of every epoch that has val_metrics.json, and the best."""
-    epochs = {}
+    """Summaries of every epoch that has val_metrics.json, the best, and the epochs without one.
+
+    speculators writes ``<epoch>/val_metrics.json`` only when that epoch lowered the validation loss
+    (``Trainer.maybe_update_best``), and a job killed between an epoch's checkpoint and its validation
+    never writes it: such epochs have a checkpoint but no metrics, and are listed as ``unscored``.
+    """
+    epochs, checkpointed = {}, []
     for name in sorted(os.listdir(save_dir), key=lambda n: int(n) if n.isdigit() else -1):
+        if not name.isdigit() or not os.path.isdir(os.path.join(save_dir, name)):
+            continue
+        checkpointed.append(int(name))
         path = os.path.join(save_dir, name, "val_metrics.json")
-        if name.isdigit() and os.path.exists(path):
+        if os.path.exists(path):
             with open(path, encoding="utf-8") as fh:
                 epochs[int(name)] = epoch_summary(json.load(fh))
     scored = {e: s for e, s in epochs.items() if s["tau"] is not None}
     best = max(scored, key=lambda e: scored[e]["tau"]) if scored else None
-    return {"epochs": epochs, "best_epoch": best, "tau": scored[best]["tau"] if best is not None else None}
+    return {"epochs": epochs, "checkpoints": checkpointed, "unscored": [e for e in checkpointed if e not in scored],
+            "best_epoch": best, "tau": scored[best]["tau"] if best is not None else None}

@@ -56,6 +56,18 @@ def test_tau():
     assert summary["tau"] == pytest.approx(2.2) and summary["step_accuracy"] == [0.7, 0.71]
 
 
+def test_collect_lists_checkpointed_epochs_that_speculators_left_unscored(tmp_path):
+    # speculators writes val_metrics.json only for an epoch that lowered the validation loss.
+    for epoch, acc in ((0, 0.5), (1, None), (2, 0.7)):
+        (tmp_path / str(epoch)).mkdir()
+        if acc is not None:
+            (tmp_path / str(epoch) / "val_metrics.json").write_text(json.dumps({"cond_acc_0_epoch": acc}))
+    (tmp_path / "checkpoint_best").symlink_to("2")
+    got = metrics.collect(str(tmp_path))
+    assert got["checkpoints"] == [0, 1, 2] and got["unscored"] == [1] and sorted(got["epochs"]) == [0, 2]
+    assert got["best_epoch"] == 2 and got["tau"] == pytest.approx(1.7)
+
+
 def test_disk_preflight_refuses_with_the_numbers(tmp_path):
     seeds = disk.hidden_state_bytes(37312, 2150, 7168, aux_layers=3, dtype_bytes=2)
     assert 4.5e12 < seeds < 4.8e12  # the seeds' 4.6 TB

@@ -45,4 +45,18 @@ fi
 # makes eagle3.ops.* resolve to the working tree (edits apply at once, no reinstall).
 mkdir -p .venv/ansible_collections/eagle3
 ln -sfn ../../.. .venv/ansible_collections/eagle3/ops
-echo "bootstrap: ready (.venv with $(.venv/bin/ansible --version | head -1))"
+# SGLang, the judge of what eagle3-ops derives for it (argument resolution, the EAGLE-3 weight loader), in
+# its own environment: its pins (openai, tokenizers) differ from the project's, and it is CPU-only here.
+# torch first and pinned (SGLang's metadata would pull a CUDA build), then the frozen list without deps.
+sglang_lock=roles/sglang_runtime/files/requirements-cpu.lock
+if [ ! -x .venv-sglang/bin/python ]; then
+  "$python" -m venv .venv-sglang
+fi
+if ! cmp -s "$sglang_lock" .venv-sglang/.installed-lock; then
+  .venv-sglang/bin/python -m pip install -q --upgrade pip
+  .venv-sglang/bin/python -m pip install -q "$(sed -n 's/^sglang_runtime_torch: //p' roles/sglang_runtime/defaults/main.yml)"
+  .venv-sglang/bin/python -m pip install -q --no-deps -r "$sglang_lock"
+  cp "$sglang_lock" .venv-sglang/.installed-lock
+fi
+echo "bootstrap: ready (.venv with $(.venv/bin/ansible --version | head -1); .venv-sglang with sglang" \
+  "$(.venv-sglang/bin/python -c 'from importlib.metadata import version; print(version("sglang"))'))"

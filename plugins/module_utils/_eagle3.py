@@ -2,20 +2,25 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """speculators EAGLE-3 checkpoint -> SGLang ``LlamaForCausalLMEagle3`` draft: config and weight checks.
 
-Pure functions, no Ansible imports. The facts encoded here (from SGLang's ``models/llama_eagle3.py``
-and speculators 0.9's ``Eagle3`` config) are:
+Pure functions, no Ansible imports. What SGLang's ``models/llama_eagle3.py`` loads and computes depends
+on its version; ``SGLANG_LINES`` holds one row per supported line, and every rule below reads its row:
 
-* SGLang loads ``midlayer.*`` (and ``additional_layers.{i}.*`` for extra layers where the version
-  supports them), ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t`` and an optional
-  ``embed_tokens.weight``; every other key is dropped silently.
-* q/k/v take 2 x hidden (embeddings || hidden state); ``fc`` maps 3 x target hidden -> hidden.
-* The layer is plain EAGLE-3: no norm before ``fc``, no norm on the output, the residual taken before
-  ``hidden_norm``, full attention. A drafter trained otherwise computes another function.
-* The aux layer ids must sit under ``eagle_config`` or SGLang falls back to [2, N//2, N-3].
+* legacy (the line in the seeds, and every release before 0.5.23 here): loads ``midlayer.*`` (further
+  layers as ``additional_layers.{i}.*`` where supported), ``fc``, ``norm``, ``lm_head``, ``d2t`` and an
+  optional ``embed_tokens``; every other key is dropped silently. Plain EAGLE-3 only: no norm before
+  ``fc``, no norm on the output, one full-attention layer.
+* 0.5.23 (read and run here): keeps ``layers.{i}.*`` (``midlayer`` is mapped to ``layers.0``), implements
+  ``norm_before_fc`` (``input_norm``), per-aux ``fc_norm``, ``norm_output``, several layers and a draft
+  sliding window (``--speculative-draft-window-size``). 0.5.23 still loads a legacy export.
+* In every line q/k/v of the first layer take 2 x hidden (embeddings || hidden state), ``fc`` maps
+  n_aux x target hidden -> hidden, the input layer's residual is the hidden state *before* ``hidden_norm``
+  (speculators' ``norm_before_residual`` computes another function), and the aux layer ids must sit
+  under ``eagle_config`` or SGLang falls back to [2, N//2, N-3].
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +31,60 @@ RETRAIN_FLAGS = {
     "norm_before_residual": "--no-norm-before-residual",
     "sliding_window": "--full-attention-indices 0",
     "layer_count": "--num-layers 1",
+    "fc_norm": "--no-fc-norm",
 }
+
+
+
+@dataclass(frozen=True)
+class SGLangLine:
+    """What one line of SGLang's LlamaForCausalLMEagle3 loads and computes."""
+
+    name: str
+    since: tuple[int, ...]  # first release of the line
+    native_layer_names: bool  # loads layers.{i}.* as speculators writes them
+    computes: frozenset[str]  # speculators features (RETRAIN_FLAGS keys) it computes as trained
+    max_layers: int | None  # draft decoder layers it loads (None: any)
+
+    @property
+    def label(self) -> str:
+        return "SGLang before 0.5.23" if self.name == "legacy" else f"SGLang {self.name} and newer"
+
+    def layer_prefix(self, i: int) -> str:
+        if self.native_layer_names:
+            return f"layers.{i}."
+        return "midlayer." if i == 0 else f"additional_layers.{i - 1}."
+
+
+SGLANG_LINES = (
+    # Conservative boundary: 0.5.23 is the first release read here with these features; older ones get the
+    # legacy row, whose exports every line loads (0.5.23 maps midlayer to layers.0).
+    SGLangLine("legacy", (0,), native_layer_names=False, computes=frozenset(), max_layers=1),
+    SGLangLine(
+        "0.5.23",
+        (0, 5, 23),
+        native_layer_names=True,
+        computes=frozenset({"norm_before_fc", "fc_norm", "norm_output", "layer_count", "sliding_window"}),
+        max_layers=None,
+    ),
+)
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """(0, 5, 23) from "0.5.23", "0.5.23.post1" or "v0.5.23rc1": the release numbers, suffixes ignored."""
+    m = re.match(r"v?(\d+(?:\.\d+)*)", str(version).strip())
+    if not m:
+        raise ExportError(f"SGLang version {version!r} is not a version number such as 0.5.23")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+def sglang_line(version: str | None) -> SGLangLine:
+    """The row for an SGLang version ("legacy" or None: the legacy line, which every line loads)."""
+    if version in (None, "", "legacy"):
+        return SGLANG_LINES[0]
+    found = parse_version(str(version))
+    return [line for line in SGLANG_LINES if found >= line.since][-1]
+
 
 LLAMA_FIELDS = (
     "hidden_size",
@@ -71,8 +129,23 @@ def _layer_config(conf: dict[str, Any]) -> dict[str, Any]:
     return layer
 
 
-def check_speculators_config(conf: dict[str, Any], max_layers: int = 1) -> list[Incompatibility]:
-    """What in a speculators EAGLE-3 config SGLang's llama EAGLE-3 would not compute the same way."""
+def draft_window(conf: dict[str, Any]) -> int | None:
+    """The sliding window of the draft's layer, or None when it attends to everything."""
+    layer = _layer_config(conf)
+    layer_types = layer.get("layer_types") or []
+    full_attention = conf.get("full_attention_indices")
+    sliding = bool(
+        (layer_types and layer_types[0] not in ("full_attention", None))
+        or (layer.get("use_sliding_window") and layer.get("sliding_window"))
+        or (conf.get("sliding_window") and not (isinstance(full_attention, list) and 0 in full_attention))
+    )
+    return int(layer.get("sliding_window") or conf.get("sliding_window") or 0) or None if sliding else None
+
+
+def check_speculators_config(
+    conf: dict[str, Any], line: SGLangLine, max_layers: int | None = None
+) -> list[Incompatibility]:
+    """What in a speculators EAGLE-3 config this SGLang line would not compute the way it was trained."""
     if conf.get("speculators_model_type") != "eagle3":
         raise ExportError(
             f"config.json has speculators_model_type {conf.get('speculators_model_type')!r}, not 'eagle3'"
@@ -81,31 +154,35 @@ def check_speculators_config(conf: dict[str, Any], max_layers: int = 1) -> list[
     found: list[Incompatibility] = []
     if conf.get("norm_before_fc"):
         found.append(Incompatibility("norm_before_fc", "it normalises the concatenated hidden states before fc"))
+    if conf.get("fc_norm"):
+        found.append(Incompatibility("fc_norm", "it normalises each auxiliary hidden state before fc"))
     if conf.get("norm_output"):
         found.append(Incompatibility("norm_output", "it normalises the layer output passed to the next step"))
     if conf.get("norm_before_residual"):
         found.append(
             Incompatibility("norm_before_residual", "its residual is taken after hidden_norm, SGLang's before it")
         )
-    layer_types = layer.get("layer_types") or []
-    full_attention = conf.get("full_attention_indices")
-    sliding = bool(
-        (layer_types and layer_types[0] not in ("full_attention", None))
-        or (layer.get("use_sliding_window") and layer.get("sliding_window"))
-        or (conf.get("sliding_window") and not (isinstance(full_attention, list) and 0 in full_attention))
-    )
-    if sliding:
-        window = layer.get("sliding_window") or conf.get("sliding_window")
+    window = draft_window(conf)
+    if window is not None:
         found.append(Incompatibility("sliding_window", f"its layer uses sliding-window attention ({window})"))
     layers = int(layer.get("num_hidden_layers", 1) or 1)
-    if layers > max_layers:
+    limit = max_layers if max_layers is not None else line.max_layers
+    if limit is not None and layers > limit:
         found.append(
-            Incompatibility("layer_count", f"it has {layers} draft layers and the SGLang version loads {max_layers}")
+            Incompatibility("layer_count", f"it has {layers} draft layers and {line.label} loads {limit}")
         )
-    return found
+    return [i for i in found if i.key == "layer_count" or i.key not in line.computes]
 
 
-def sglang_config(conf: dict[str, Any]) -> dict[str, Any]:
+def server_args(conf: dict[str, Any], line: SGLangLine) -> list[str]:
+    """launch_server arguments the draft needs on this line (its sliding window is a server argument)."""
+    window = draft_window(conf)
+    if window is not None and "sliding_window" in line.computes:
+        return ["--speculative-draft-window-size", str(window)]
+    return []
+
+
+def sglang_config(conf: dict[str, Any], line: SGLangLine) -> dict[str, Any]:
     """The draft config.json SGLang's LlamaForCausalLMEagle3 reads, from a speculators config."""
     layer = _layer_config(conf)
     out: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"}
@@ -134,6 +211,13 @@ def sglang_config(conf: dict[str, Any]) -> dict[str, Any]:
         if not (isinstance(aux, list) and all(isinstance(i, int) and i >= 0 for i in aux) and len(aux) == 3):
             raise ExportError(f"eagle_aux_hidden_state_layer_ids must be three layer indices, not {aux!r}")
         eagle["eagle_aux_hidden_state_layer_ids"] = aux
+    # The features this line computes, under the names its loader reads (eagle_config or top level).
+    for key in ("norm_before_fc", "fc_norm", "norm_output"):
+        if conf.get(key) and key in line.computes:
+            if key == "norm_before_fc":
+                eagle[key] = True
+            else:
+                out[key] = True
     out["eagle_config"] = eagle
     verifier = (conf.get("speculators_config") or {}).get("verifier") or {}
     if verifier.get("name_or_path"):
@@ -141,8 +225,8 @@ def sglang_config(conf: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def expected_shapes(sg: dict[str, Any]) -> dict[str, tuple[int, ...] | None]:
-    """Tensor name -> shape SGLang expects (None: optional). Only for the layers SGLang loads."""
+def expected_shapes(sg: dict[str, Any], line: SGLangLine) -> dict[str, tuple[int, ...] | None]:
+    """Tensor name -> shape this SGLang line expects (None: optional). Only for the layers it loads."""
     h = sg["hidden_size"]
     heads = sg["num_attention_heads"]
     kv = sg.get("num_key_value_heads", heads)
@@ -150,7 +234,8 @@ def expected_shapes(sg: dict[str, Any]) -> dict[str, tuple[int, ...] | None]:
     inter = sg["intermediate_size"]
     target_h = sg.get("target_hidden_size") or h
     shapes: dict[str, tuple[int, ...] | None] = {}
-    layer_prefixes = ["midlayer."] + [f"additional_layers.{i}." for i in range(sg.get("num_hidden_layers", 1) - 1)]
+    layer_prefixes = [line.layer_prefix(i) for i in range(sg.get("num_hidden_layers", 1))]
+    n_aux = len((sg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0])
     for i, prefix in enumerate(layer_prefixes):
         qkv_in = 2 * h if i == 0 else h
         shapes.update(
@@ -170,22 +255,37 @@ def expected_shapes(sg: dict[str, Any]) -> dict[str, tuple[int, ...] | None]:
             shapes[f"{prefix}hidden_norm.weight"] = (h,)
     shapes.update(
         {
-            "fc.weight": (h, 3 * target_h),
+            "fc.weight": (h, n_aux * target_h),
             "norm.weight": (h,),
             "lm_head.weight": (sg["draft_vocab_size"], h),
             "d2t": (sg["draft_vocab_size"],),
         }
     )
+    if (sg.get("eagle_config") or {}).get("norm_before_fc"):
+        shapes["input_norm.weight"] = (n_aux * target_h,)
+    if sg.get("fc_norm"):
+        shapes.update({f"fc_norm.{i}.weight": (target_h,) for i in range(n_aux)})
     return shapes
 
 
 OPTIONAL = {"embed_tokens.weight"}
+LEGACY_NAMES = {"midlayer.": "layers.0.", "aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.",
+                "aux_norm_high.": "fc_norm.2."}  # fmt: skip
 
 
-def check_tensors(sg: dict[str, Any], tensors: dict[str, list[int]]) -> list[str]:
+def _modern_name(name: str) -> str:
+    for legacy, modern in LEGACY_NAMES.items():
+        if name.startswith(legacy):
+            return modern + name[len(legacy) :]
+    return name
+
+
+def check_tensors(sg: dict[str, Any], tensors: dict[str, list[int]], line: SGLangLine) -> list[str]:
     """Problems with the exported tensors (name -> shape): missing, misshapen, or silently dropped."""
     problems = []
-    expected = expected_shapes(sg)
+    expected = expected_shapes(sg, line)
+    if line.native_layer_names:  # such lines map the legacy names as they load (SGLang's legacy_name_map)
+        tensors = {_modern_name(name): shape for name, shape in tensors.items()}
     for name, shape in expected.items():
         if name not in tensors:
             problems.append(f"{name} is missing")
@@ -198,5 +298,5 @@ def check_tensors(sg: dict[str, Any], tensors: dict[str, list[int]]) -> list[str
             problems.append(f"embed_tokens.weight has shape {list(shape)} where SGLang expects {want}")
     unknown = sorted(set(tensors) - set(expected) - OPTIONAL)
     if unknown:
-        problems.append(f"SGLang would silently drop {', '.join(unknown)}")
+        problems.append(f"{line.label} would silently drop {', '.join(unknown)}")
     return problems

@@ -10,13 +10,17 @@ short_description: Turn a speculators EAGLE-3 checkpoint into a draft directory 
 description:
   - Reads a speculators epoch directory (C(config.json) + C(model.safetensors)) and writes an SGLang
     C(LlamaForCausalLMEagle3) draft, either into O(dest) or in place.
-  - Weights are renamed (C(layers.0.) to C(midlayer.), further layers to C(additional_layers.N.)) without
-    loading tensor data; C(t2d), which SGLang never loads, is dropped. The new C(config.json) carries the
-    flat llama fields, C(draft_vocab_size), the target vocabulary and the aux layer ids under C(eagle_config).
+  - What SGLang loads and computes depends on its version (O(sglang_version)); the rules live in one table,
+    one row per SGLang line (module_utils C(_eagle3.SGLANG_LINES)).
+  - For the legacy line weights are renamed (C(layers.0.) to C(midlayer.), further layers to
+    C(additional_layers.N.)) without loading tensor data; SGLang 0.5.23 and newer load C(layers.N.) as
+    speculators writes them. C(t2d), which SGLang never loads, is dropped. The new C(config.json) carries the
+    flat llama fields, C(draft_vocab_size), the target vocabulary, the aux layer ids under C(eagle_config)
+    and the speculators features the line implements (C(norm_before_fc), C(fc_norm), C(norm_output)).
   - Refuses, naming the speculators training flags to retrain with, a checkpoint that computes something
-    SGLang's llama EAGLE-3 does not (norm before fc, norm on the output, norm before the residual,
-    sliding-window attention, more draft layers than the SGLang version loads), unless O(allow_incompatible)
-    names the difference.
+    the SGLang line does not (for the legacy line norm before fc, per-aux fc norms, norm on the output,
+    sliding-window attention, more than one draft layer; for every line norm before the residual), unless
+    O(allow_incompatible) names the difference.
   - Checks that every tensor SGLang's loader expects is present with the right shape and that no tensor
     would be silently dropped, before anything is written.
   - The speculators original stays loadable, in place too, since its C(config.json) and weights are kept under
@@ -35,12 +39,17 @@ options:
     description: Differences from SGLang's llama EAGLE-3 to accept anyway (the draft will accept fewer tokens).
     type: list
     elements: str
-    choices: [norm_before_fc, norm_output, norm_before_residual, sliding_window, layer_count]
+    choices: [norm_before_fc, fc_norm, norm_output, norm_before_residual, sliding_window, layer_count]
     default: []
+  sglang_version:
+    description:
+      - The SGLang release on the serving host, such as C(0.5.23), or C(legacy) for the rules every line loads.
+      - Decides whether keys are renamed and which speculators features are servable.
+    type: str
+    default: legacy
   max_draft_layers:
-    description: How many draft decoder layers the SGLang version in use can load.
+    description: How many draft decoder layers the SGLang in use can load, when it differs from its line's rule.
     type: int
-    default: 1
 extends_documentation_fragment:
   - eagle3.ops.attributes
 attributes:
@@ -54,10 +63,11 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Export the best epoch for SGLang
-  eagle3_export:
+- name: Export the best epoch for SGLang 0.5.23 (keys kept, norm before fc and on the output served)
+  eagle3.ops.eagle3_export:
     src: /srv/train/kimi-eagle3/checkpoint_best
     dest: /srv/drafts/kimi-eagle3
+    sglang_version: 0.5.23
 
 - name: Export in place, accepting a drafter trained with speculators' norm_before_residual default
   eagle3_export:
@@ -87,6 +97,16 @@ incompatibilities:
   returned: always
   type: list
   elements: dict
+sglang_line:
+  description: The SGLang line whose rules were applied.
+  returned: always
+  type: str
+  sample: "0.5.23"
+server_args:
+  description: launch_server arguments the draft needs on that line (its sliding window, when it has one).
+  returned: always
+  type: list
+  elements: str
 """
 
 import json
@@ -97,9 +117,12 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import (
     ExportError,
+    SGLangLine,
     check_speculators_config,
     check_tensors,
+    server_args,
     sglang_config,
+    sglang_line,
 )
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     Plan,
@@ -130,10 +153,9 @@ def _read_json(path: str) -> dict:
     return data
 
 
-def _rules(layers: int) -> list[tuple[str, str]]:
-    rules = [("layers.0.", "midlayer.")]
-    rules += [(f"layers.{i}.", f"additional_layers.{i - 1}.") for i in range(1, layers)]
-    return rules
+def _rules(line: SGLangLine, layers: int) -> list[tuple[str, str]]:
+    """Key renames speculators -> this SGLang line (none for lines that load layers.N natively)."""
+    return [(f"layers.{i}.", line.layer_prefix(i)) for i in range(layers) if line.layer_prefix(i) != f"layers.{i}."]
 
 
 def _is_sglang(conf: dict) -> bool:
@@ -147,9 +169,11 @@ ARGUMENT_SPEC = {
         "type": "list",
         "elements": "str",
         "default": [],
-        "choices": ["norm_before_fc", "norm_output", "norm_before_residual", "sliding_window", "layer_count"],
+        "choices": ["norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "sliding_window",
+                    "layer_count"],
     },
-    "max_draft_layers": {"type": "int", "default": 1},
+    "sglang_version": {"type": "str", "default": "legacy"},
+    "max_draft_layers": {"type": "int"},
 }
 
 
@@ -167,10 +191,14 @@ class DraftExporter:
         self.dest = (self.p["dest"] or self.src).rstrip("/")
         self.in_place = os.path.realpath(self.dest) == os.path.realpath(self.src)
         self.weights = os.path.join(self.src, WEIGHTS)
-        self.result: dict = {"changed": False, "dest": self.dest, "renames": [], "dropped": [], "incompatibilities": []}
+        self.result: dict = {"changed": False, "dest": self.dest, "renames": [], "dropped": [], "incompatibilities": [],
+                             "server_args": []}  # fmt: skip
+        self.line = sglang_line(None)
 
     def run(self) -> None:
-        if self.p["max_draft_layers"] < 1:
+        self.line = sglang_line(self.p["sglang_version"])
+        self.result["sglang_line"] = self.line.name
+        if self.p["max_draft_layers"] is not None and self.p["max_draft_layers"] < 1:
             raise ExportError("max_draft_layers must be 1 or more")
         if os.path.isdir(self.src) and os.path.exists(os.path.join(self.src, "model.safetensors.index.json")):
             raise ExportError(f"{self.src} is sharded; eagle3_export handles single-file drafters: "
@@ -197,7 +225,7 @@ class DraftExporter:
     def already_exported(self, conf: dict) -> None:
         """An SGLang draft given as src: verify it in place and change nothing."""
         header = read_header(self.weights)
-        problems = check_tensors(conf, {t.name: t.shape for t in header.tensors})
+        problems = check_tensors(conf, {t.name: t.shape for t in header.tensors}, self.line)
         if problems:
             raise ExportError(f"{self.src} is an SGLang draft with problems: {'; '.join(problems)}")
         if not self.in_place:
@@ -207,26 +235,31 @@ class DraftExporter:
         raise Done
 
     def check_compatible(self, conf: dict) -> None:
-        found = check_speculators_config(conf, self.p["max_draft_layers"])
+        found = check_speculators_config(conf, self.line, self.p["max_draft_layers"])
+        self.result["server_args"] = server_args(conf, self.line)
         self.result["incompatibilities"] = [{"key": i.key, "reason": i.reason, "retrain_with": i.flag} for i in found]
         refused = [i for i in found if i.key not in self.p["allow_incompatible"]]
         if refused:
             reasons = "; ".join(i.reason for i in refused)
             flags = " ".join(i.flag for i in refused)
             keys = ", ".join(i.key for i in refused)
-            raise ExportError(f"{self.src} computes something SGLang's llama EAGLE-3 does not ({reasons}): retrain "
-                              f"with {flags}, or accept the difference with allow_incompatible: [{keys}].")
+            raise ExportError(f"{self.src} computes something {self.line.label} does not "
+                              f"({reasons}): retrain with {flags}, or accept the difference with allow_incompatible: "
+                              f"[{keys}].")  # fmt: skip
 
     def plan(self, conf: dict):
-        sg = sglang_config(conf)
+        sg = sglang_config(conf, self.line)
         header = read_header(self.weights)
         drop = ["^t2d$"]
-        if "norm_before_fc" in self.p["allow_incompatible"]:
-            drop.append(r"^input_norm\.weight$")  # SGLang has no place for it; the user accepted that
-        pl: Plan = plan(header, _rules(sg["num_hidden_layers"]), drop)
+        # A feature the line does not compute has no parameter there; the user accepted the difference.
+        if "norm_before_fc" in self.p["allow_incompatible"] and "norm_before_fc" not in self.line.computes:
+            drop.append(r"^input_norm\.weight$")
+        if "fc_norm" in self.p["allow_incompatible"] and "fc_norm" not in self.line.computes:
+            drop.append(r"^fc_norm\.\d+\.weight$")
+        pl: Plan = plan(header, _rules(self.line, sg["num_hidden_layers"]), drop)
         # (original tensor, exported name), in header order, for the tensors that are kept
         pairs = list(zip([t for t in header.tensors if t.name not in pl.dropped], pl.new_names, strict=True))
-        problems = check_tensors(sg, {new: t.shape for t, new in pairs})
+        problems = check_tensors(sg, {new: t.shape for t, new in pairs}, self.line)
         if problems:
             raise ExportError(f"{self.src} cannot become a complete SGLang draft: {'; '.join(problems)}")
         self.result.update(config=sg, renames=[list(r) for r in pl.renames], dropped=pl.dropped)
@@ -266,7 +299,7 @@ class DraftExporter:
         write_rewrite(header, encode_header(obj), copies if pl.dropped else None, dest=os.path.join(self.dest, WEIGHTS))
         write_json_atomic(os.path.join(self.dest, "config.json"), sg)
         final = read_header(os.path.join(self.dest, WEIGHTS))
-        problems = check_tensors(sg, {t.name: t.shape for t in final.tensors})
+        problems = check_tensors(sg, {t.name: t.shape for t in final.tensors}, self.line)
         if problems:
             raise ExportError(f"the exported {self.dest} failed its own check: {'; '.join(problems)}")
 

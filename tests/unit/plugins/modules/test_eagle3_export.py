@@ -129,7 +129,7 @@ def test_a_tensor_sglang_would_drop_is_refused(epoch, tmp_path, capsys):
     tensors["layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(2, np.float32)
     save_file(tensors, str(epoch / "model.safetensors"))
     res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"))
-    assert res["failed"] and "SGLang would silently drop midlayer.self_attn.rotary_emb.inv_freq" in res["msg"]
+    assert res["failed"] and "SGLang before 0.5.23 would silently drop midlayer.self_attn.rotary_emb.inv_freq" in res["msg"]
 
 
 def test_missing_and_misshapen_tensors_are_named(epoch, tmp_path, capsys):
@@ -166,3 +166,51 @@ def test_module_documents_parse_with_ansible_doc(name):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)[name]
     assert doc["doc"]["module"] == name and doc["examples"] and doc["return"]
+
+
+def speculators_defaults(epoch: Path) -> None:
+    """speculators 0.9's default drafter: norm before fc (an input_norm over the concatenated features) and a
+    normed output; norm_before_residual off (no SGLang line computes it)."""
+    (epoch / "config.json").write_text(json.dumps(speculators_config(norm_before_fc=True, norm_output=True)))
+    tensors = drafter_tensors()
+    tensors["input_norm.weight"] = np.full(3 * H, 0.5, np.float32)
+    save_file(tensors, str(epoch / "model.safetensors"))
+
+
+def test_sglang_0523_serves_speculators_defaults_with_their_own_names(epoch, tmp_path, capsys):
+    speculators_defaults(epoch)
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"), sglang_version="0.5.23")
+    assert not res.get("failed"), res["msg"]
+    assert res["sglang_line"] == "0.5.23" and res["renames"] == [] and res["incompatibilities"] == []
+    conf = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert conf["eagle_config"]["norm_before_fc"] is True and conf["norm_output"] is True
+    names = set(load_file(str(tmp_path / "draft" / "model.safetensors")))
+    assert "layers.0.self_attn.q_proj.weight" in names and "input_norm.weight" in names and "t2d" not in names
+    # A later release reads the same row; the legacy line (the default) refuses the same checkpoint.
+    assert export(capsys, src=str(epoch), dest=str(tmp_path / "d2"), sglang_version="0.5.30.post1")["sglang_line"] \
+        == "0.5.23"
+    legacy = export(capsys, src=str(epoch), dest=str(tmp_path / "d3"))
+    assert legacy["failed"] and "SGLang before 0.5.23" in legacy["msg"] and "--no-norm-before-fc" in legacy["msg"]
+
+
+def test_no_sglang_line_computes_norm_before_residual(epoch, tmp_path, capsys):
+    (epoch / "config.json").write_text(json.dumps(speculators_config(norm_before_residual=True)))
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"), sglang_version="0.5.23")
+    assert res["failed"] and "--no-norm-before-residual" in res["msg"] and "SGLang 0.5.23 and newer" in res["msg"]
+
+
+def test_a_draft_window_becomes_a_server_argument_on_0523(epoch, tmp_path, capsys):
+    conf = speculators_config()
+    conf["transformer_layer_config"].update(layer_types=["sliding_attention"], sliding_window=2048)
+    (epoch / "config.json").write_text(json.dumps(conf))
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"), sglang_version="0.5.23")
+    assert not res.get("failed") and res["server_args"] == ["--speculative-draft-window-size", "2048"]
+
+
+@pytest.mark.parametrize("version", ["0.5.23x", "latest", ""])
+def test_sglang_version_parsing(version, epoch, tmp_path, capsys):
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"), sglang_version=version)
+    if version == "latest":
+        assert res["failed"] and "is not a version number" in res["msg"]
+    else:
+        assert res["sglang_line"] == ("0.5.23" if version else "legacy")

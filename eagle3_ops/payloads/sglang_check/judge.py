@@ -1,0 +1,263 @@
+"""SGLang judges what eagle3-ops derives: its own argument resolution and its own EAGLE-3 weight loader.
+
+Run with the serving host's Python (the one that has SGLang), from the payload directory::
+
+    python -m sglang_check.judge args  [--json CASES.json | -- LAUNCH_SERVER ARGS...]
+    python -m sglang_check.judge load  DRAFT_DIR
+
+Both print one JSON object on stdout and exit 0 when SGLang accepts what was given, 1 when it does not
+(the JSON says why), 2 when the check itself could not run.
+
+``args`` runs ``ServerArgs.add_cli_args`` -> ``from_cli_args`` -> ``resolve_once`` ->
+``check_server_args`` -> ``resolved_dict`` on the exact command line, and compares every speculative
+value that was asked for with what SGLang resolved it to: SGLang rewrites inconsistent values with a
+warning instead of refusing them (EAGLE3, topk 1, 3 steps, 16 draft tokens runs with 4 draft tokens).
+
+``load`` builds ``LlamaForCausalLMEagle3`` from the draft's config.json in a one-process gloo group and
+feeds every tensor of the draft through the real ``load_weights``, one at a time, watching which
+parameter elements each one writes (parameters start as NaN). It reports where each tensor landed, what
+was dropped, which parameters nothing wrote, and checks the fused q/k/v and gate/up parameters and the
+hot-token map against the tensors they came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+from typing import Any
+
+try:
+    from . import cpu_shims
+except ImportError:  # pragma: no cover - run as a loose script
+    import cpu_shims  # type: ignore[no-redef]
+
+# The speculative values SGLang may resolve differently from what was asked, by ServerArgs field.
+SPECULATIVE_FIELDS = (
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+)
+# Dropped by the loader on purpose: SGLang maps draft ids to target ids with d2t alone.
+DOCUMENTED_DROPS = {"t2d"}
+# Parameters SGLang fills from the target model when the draft has none.
+FROM_TARGET = {"model.embed_tokens.weight"}
+
+
+def _emit(result: dict[str, Any], code: int) -> int:
+    print(json.dumps(result, sort_keys=True, default=str))
+    return code
+
+
+def _sglang_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- args
+
+
+def judge_args(argv: list[str]) -> dict[str, Any]:
+    """SGLang's verdict on one launch_server command line (the arguments after ``launch_server``)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        message = str(exc) if isinstance(exc, argparse.ArgumentError) else err.getvalue().strip().splitlines()[-1:]
+        return {"ok": False, "stage": "parse", "error": message if isinstance(message, str) else " ".join(message)}
+    asked = {f: getattr(ns, f, None) for f in SPECULATIVE_FIELDS if getattr(ns, f, None) is not None}
+    try:
+        server_args = ServerArgs.from_cli_args(ns)
+        with contextlib.redirect_stdout(io.StringIO()):
+            server_args.resolve_once()
+            server_args.check_server_args()
+        resolved_all = server_args.resolved_dict()
+    except Exception as exc:  # SGLang refuses with ValueError, AssertionError, RuntimeError ...
+        return {"ok": False, "stage": "resolve", "error": f"{type(exc).__name__}: {exc}", "asked": asked}
+    resolved = {f: resolved_all.get(f) for f in SPECULATIVE_FIELDS}
+    differences = [
+        {"field": f, "asked": v, "resolved": resolved[f]}
+        for f, v in asked.items()
+        if str(v).upper() != str(resolved[f]).upper()
+    ]
+    result: dict[str, Any] = {"ok": not differences, "stage": "compare", "asked": asked, "resolved": resolved,
+                              "differences": differences}  # fmt: skip
+    if differences:
+        result["error"] = "; ".join(
+            f"{d['field'].replace('_', '-')} {d['asked']} would run as {d['resolved']}" for d in differences
+        )
+    return result
+
+
+def cmd_args(ns: argparse.Namespace) -> int:
+    cpu_shims.apply()
+    if ns.json:
+        with open(ns.json, encoding="utf-8") as fh:
+            cases = json.load(fh)
+        results = [dict(judge_args([str(a) for a in case["argv"]]), id=case.get("id")) for case in cases]
+        return _emit({"sglang": _sglang_version(), "cases": results}, 0 if all(r["ok"] for r in results) else 1)
+    result = judge_args(ns.argv)
+    result["sglang"] = _sglang_version()
+    return _emit(result, 0 if result["ok"] else 1)
+
+
+# ---------------------------------------------------------------- load
+
+
+def _single_process_group() -> None:
+    """World of one over gloo: SGLang's parallel layers need model-parallel groups even at tp 1."""
+    import torch
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+        model_parallel_is_initialized,
+    )
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    if not torch.distributed.is_initialized():
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    if not model_parallel_is_initialized():
+        reset_context()
+        publish(ServerArgs(model_path="dummy", tp_size=1, pp_size=1, device="cpu"), role="test",
+                ranks=SpawnRanks(world_rank=0))  # fmt: skip
+        # Publishing resets the context; the WORLD group built above must survive it (as in SGLang's tests).
+        get_parallel().override_permanently(world_group=parallel_state._WORLD)
+        initialize_model_parallel(backend="gloo")
+
+
+def judge_load(draft: str) -> dict[str, Any]:
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    torch.set_default_dtype(torch.float32)  # exact comparisons: bf16/fp16 tensors widen without loss
+    _single_process_group()
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    config = AutoConfig.from_pretrained(draft)
+    model = LlamaForCausalLMEagle3(config)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for p in params.values():
+            p.fill_(float("nan"))
+    files = sorted(f for f in os.listdir(draft) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{draft} has no .safetensors file")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(os.path.join(draft, name), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
+                tensors[key] = fh.get_tensor(key)
+    landed: dict[str, list[str]] = {}
+    refused: list[str] = []
+    for key, tensor in tensors.items():
+        before = {n: int(torch.isnan(p).sum()) for n, p in params.items()}
+        try:
+            model.load_weights([(key, tensor)])
+        except AssertionError as exc:  # default_weight_loader's shape check
+            refused.append(f"{key} {list(tensor.shape)}: {exc}")
+            continue
+        landed[key] = [n for n, p in params.items() if int(torch.isnan(p).sum()) < before[n]]
+    hot = model.get_hot_token_id()
+    consumed = {k for k in tensors if k == "d2t" or k.endswith(".d2t")} if hot is not None else set()
+    dropped = sorted(k for k, where in landed.items() if not where and k not in consumed)
+    unloaded = sorted(n for n, p in params.items() if bool(torch.isnan(p).any()))
+    problems = [f"SGLang refused {r}" for r in refused]
+    problems += [
+        f"{k} is dropped silently by SGLang's loader" for k in dropped if k.split(".")[-1] not in DOCUMENTED_DROPS
+    ]
+    problems += [f"nothing in the draft loads SGLang's parameter {n}" for n in unloaded if n not in FROM_TARGET]
+    problems += _check_values(params, tensors, landed, hot)
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "landed": {k: v for k, v in landed.items() if v},
+        "dropped": dropped,
+        "unloaded": unloaded,
+        "hot_token_map": hot is not None,
+        "parameters": {n: list(p.shape) for n, p in params.items()},
+        "config": {
+            "num_hidden_layers": config.num_hidden_layers,
+            "norm_before_fc": model.model.norm_before_fc,
+            "fc_norm": model.model.fc_norm is not None,
+            "norm_output": bool(model.model.norm_output),
+            "num_aux_hidden_states": model.model.num_aux_hidden_states,
+        },
+    }
+
+
+def _check_values(params: dict[str, Any], tensors: dict[str, Any], landed: dict[str, list[str]], hot: Any) -> list[str]:
+    """Every parameter holds exactly what was loaded into it: fused ones as the concatenation of their parts."""
+    import torch
+
+    problems = []
+    fused: dict[str, list[str]] = {}
+    for key, where in landed.items():
+        for name in where:
+            fused.setdefault(name, []).append(key)
+    order = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}
+    for name, keys in fused.items():
+        parts = sorted(keys, key=lambda k: order.get(k.split(".")[-2], 0))
+        expected = torch.cat([tensors[k].float() for k in parts], dim=0)
+        got = params[name].detach()
+        if got.shape != expected.shape or not torch.equal(got, expected.to(got.dtype)):
+            problems.append(f"SGLang's parameter {name} does not equal {' + '.join(parts)} after loading")
+    if hot is not None and "d2t" in tensors:
+        want = tensors["d2t"] + torch.arange(tensors["d2t"].shape[0])
+        if not torch.equal(hot, want):
+            problems.append("SGLang's hot-token map is not d2t + arange(draft_vocab_size)")
+    return problems
+
+
+def cmd_load(ns: argparse.Namespace) -> int:
+    cpu_shims.apply(models=True)
+    result = judge_load(ns.draft)
+    result["sglang"] = _sglang_version()
+    return _emit(result, 0 if result["ok"] else 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="judge", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("args", help="resolve a launch_server command line with SGLang's ServerArgs")
+    a.add_argument("--json", help="a JSON list of {id, argv} cases, judged in one process")
+    a.add_argument("argv", nargs=argparse.REMAINDER, help="launch_server arguments, after --")
+    a.set_defaults(run=cmd_args)
+    ld = sub.add_parser("load", help="load a draft through SGLang's LlamaForCausalLMEagle3.load_weights")
+    ld.add_argument("draft")
+    ld.set_defaults(run=cmd_load)
+    ns = ap.parse_args(argv)
+    if getattr(ns, "argv", None) and ns.argv[0] == "--":
+        ns.argv = ns.argv[1:]
+    try:
+        return ns.run(ns)
+    except Exception as exc:
+        return _emit({"ok": False, "error": f"the check could not run: {type(exc).__name__}: {exc}",
+                      "sglang": _sglang_version()}, 2)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -68,6 +68,12 @@ options:
     description: Seconds to wait, after SIGKILL, for the GPUs to be free.
     type: float
     default: 30
+  settle:
+    description:
+      - Seconds the GPUs must stay free before the cleanup counts as done, within O(timeout). A supervisor that
+        restarts its workers (torchrun's agent, a unit with C(Restart=)) frees the memory for a moment only.
+    type: float
+    default: 2
   free_threshold_mib:
     description: A GPU counts as free at or below this memory.used (an idle GPU still reports a few MiB).
     type: int
@@ -218,6 +224,7 @@ ARGUMENT_SPEC = {
     "stop_unit": {"type": "str"},
     "grace": {"type": "float", "default": 10},
     "timeout": {"type": "float", "default": 30},
+    "settle": {"type": "float", "default": 2},
     "free_threshold_mib": {"type": "int", "default": 512},
     "require_paths": {"type": "list", "elements": "path", "default": []},
     "force": {"type": "bool", "default": False},
@@ -244,7 +251,7 @@ class GpuCleanup:
         self.module.fail_json(msg=msg, **self.result)
 
     def validate(self) -> None:
-        for name in ("grace", "timeout"):
+        for name in ("grace", "timeout", "settle"):
             if self.p[name] < 0:
                 self.fail(f"{name} must be 0 or more seconds, not {self.p[name]}.")
         if self.p["include_non_gpu"] and not self.p["match"]:
@@ -327,11 +334,15 @@ class GpuCleanup:
     def verify(self, sel: Selection, procs: dict[int, Proc], targets: list[Proc], before: list | None) -> None:
         """Selected holders gone and selected GPUs at or below the threshold, within the timeout."""
         deadline = time.monotonic() + self.p["timeout"]
+        free_since: float | None = None
         while True:
             survivors = [q for q in targets if alive(q)]
             after = gpu_memory(self.smi)
             busy = self.busy(after)
-            if (not survivors and not busy) or time.monotonic() >= deadline:
+            now = time.monotonic()
+            free_since = (free_since or now) if not survivors and not busy else None
+            settled = free_since is not None and now - free_since >= min(self.p["settle"], deadline - free_since)
+            if settled or now >= deadline:
                 break
             if survivors:
                 kill(survivors)  # a holder that came back from SIGSTOP or was mid-fork

@@ -192,7 +192,7 @@ def user_lab_snapshot() -> dict[str, object]:
 _USER_LAB_AT_START: dict[str, object] = {}
 _LAB_BRINGUP_SECONDS = [0.0]
 # Wall-clock seconds per stage of the test command, printed at the end (and written for .ci/run's summary).
-_STAGE_SECONDS: dict[str, float] = {"unit": 0.0, "lab": 0.0, "pipeline": 0.0}
+_STAGE_SECONDS: dict[str, float] = {"unit": 0.0, "sglang": 0.0, "lab": 0.0, "pipeline": 0.0}
 # Test files that run the training/serving pipeline for real; every other integration file is "lab".
 PIPELINE_FILES = {"test_pipeline.py", "test_deploy.py", "test_train_job.py", "test_cli.py"}
 
@@ -210,6 +210,8 @@ def _stage_of(item: pytest.Item) -> str:
     path = Path(str(item.fspath))
     if "unit" in path.parts:
         return "unit"
+    if path.name.startswith("test_sglang"):
+        return "sglang"  # SGLang itself judging, in .venv-sglang
     return "pipeline" if path.name in PIPELINE_FILES else "lab"
 
 

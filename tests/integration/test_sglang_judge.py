@@ -67,8 +67,8 @@ def _raw_argv(tokens: int, topk: int | None, steps: int | None) -> list[str]:
     """What a hand-written command line would say for the row, bypassing the filter."""
     k = 1 if topk is None else topk
     s = steps if steps is not None else (tokens - 1 if k == 1 else 3)
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(s), "--speculative-eagle-topk", str(k),
-            "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(s),
+            "--speculative-eagle-topk", str(k), "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +178,8 @@ def test_a_plain_export_loads_every_tensor_in_sglang(version, tmp_path, capsys):
     rc, out = judge("load", str(tmp_path / "draft"))
     assert rc == 0
     _assert_every_tensor_lands(out, tmp_path / "draft")
-    assert out["landed"]["midlayer.self_attn.q_proj.weight" if version == "legacy" else "layers.0.self_attn.q_proj.weight"] \
-        == ["model.layers.0.self_attn.qkv_proj.weight"]  # fmt: skip
+    q = "midlayer.self_attn.q_proj.weight" if version == "legacy" else "layers.0.self_attn.q_proj.weight"
+    assert out["landed"][q] == ["model.layers.0.self_attn.qkv_proj.weight"]
     assert out["parameters"]["model.layers.0.self_attn.qkv_proj.weight"] == [2 * H, 2 * H]  # q 16 + k 8 + v 8 rows
 
 

@@ -129,7 +129,8 @@ def test_a_tensor_sglang_would_drop_is_refused(epoch, tmp_path, capsys):
     tensors["layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(2, np.float32)
     save_file(tensors, str(epoch / "model.safetensors"))
     res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"))
-    assert res["failed"] and "SGLang before 0.5.23 would silently drop midlayer.self_attn.rotary_emb.inv_freq" in res["msg"]
+    assert res["failed"]
+    assert "SGLang before 0.5.23 would silently drop midlayer.self_attn.rotary_emb.inv_freq" in res["msg"]
 
 
 def test_missing_and_misshapen_tensors_are_named(epoch, tmp_path, capsys):

@@ -81,7 +81,8 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     (target / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 4,
-        "vocab_size": 512, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "torch_dtype": "float32"}))  # fmt: skip
+        "vocab_size": 512, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32"}))  # fmt: skip
     (draft / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,

@@ -220,3 +220,44 @@ def test_wrong_shapes_are_refused_by_sglang_itself(tmp_path, capsys):
     rc, out = judge("load", str(tmp_path / "draft"))
     assert rc == 1 and any(p.startswith("SGLang refused fc.weight [16, 32]") for p in out["problems"])
     assert "nothing in the draft loads SGLang's parameter model.fc.weight" in out["problems"]
+
+
+# ---------------------------------------------------------------- the reference engine computes SGLang's function
+
+
+def _parity(draft: Path, version: str) -> dict:
+    proc = subprocess.run([str(SGLANG_PYTHON), str(ROOT / "tests" / "data" / "draft_parity.py"), str(draft), version],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("features", "extra"),
+    [
+        ({}, {}),
+        ({"norm_before_fc": True, "norm_output": True}, {"input_norm.weight": (3 * H,)}),  # speculators' defaults
+        ({"fc_norm": True}, {f"fc_norm.{i}.weight": (H,) for i in range(3)}),
+    ],
+    ids=["plain", "speculators-defaults", "fc-norm"],
+)
+def test_the_reference_engine_computes_sglangs_draft_function(features, extra, tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    tensors = drafter_tensors()
+    tensors["embed_tokens.weight"] = rng.standard_normal((64, H), dtype=np.float32)
+    for name in list(tensors):
+        if name.endswith("norm.weight"):  # norms away from 1, so a norm applied in the wrong place shows
+            tensors[name] = rng.uniform(0.5, 1.5, tensors[name].shape).astype(np.float32)
+    tensors.update({name: rng.uniform(0.5, 1.5, shape).astype(np.float32) for name, shape in extra.items()})
+    src = _epoch(tmp_path, speculators_config(**features), tensors)
+    _export(capsys, src, tmp_path / "draft", sglang_version="0.5.23")
+    got = _parity(tmp_path / "draft", "0.5.23")
+    assert got["reference_dropped"] == [] and got["scale"] > 0.1
+    # float32, different kernels (SGLang's rotary, our attention stand-in): relative 1e-5 of each output's scale
+    assert got["normed_max_abs"] <= 1e-5 * max(1.0, got["scale"]), got
+    assert got["fed_max_abs"] <= 1e-5 * max(1.0, got["fed_scale"]), got
+    if features:
+        # The same draft read by the legacy line (which knows none of these features) computes something else:
+        # the comparison has teeth.
+        legacy = _parity(tmp_path / "draft", "legacy")
+        assert legacy["reference_dropped"] and max(legacy["normed_max_abs"], legacy["fed_max_abs"]) > 1e-2

@@ -1,10 +1,18 @@
 """A CPU EAGLE-3 reference engine: the target in transformers, the draft exactly as SGLang loads it.
 
-The draft is read the way SGLang's ``LlamaForCausalLMEagle3`` reads it: ``architectures`` must name that
-class, the weights it knows are ``midlayer.*``, ``fc``, ``norm``, ``lm_head``, ``embed_tokens`` and ``d2t``,
-shapes must match, and **any other key is dropped silently** - so a draft whose keys still say
-``layers.0.*`` loads, runs on untrained weights and accepts about one token per step, as it would under
-SGLang. The auxiliary layers come from ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's default
+The draft is read the way SGLang's ``LlamaForCausalLMEagle3`` reads it, in the SGLang line the lab plays
+(``EAGLE3_REFERENCE_SGLANG_VERSION``, the serving host's SGLang release; legacy when unset):
+``architectures`` must name that class, shapes must match, and **any other key is dropped silently**.
+
+* legacy line (before 0.5.23): the weights it knows are ``midlayer.*``, ``fc``, ``norm``, ``lm_head``,
+  ``embed_tokens`` and ``d2t`` - so a draft whose keys still say ``layers.0.*`` loads, runs on untrained
+  weights and accepts about one token per step, as it did under the seeds' SGLang.
+* 0.5.23 and newer: ``layers.0.*`` (``midlayer.*`` mapped to it), plus ``input_norm`` over the
+  concatenated features when ``eagle_config.norm_before_fc``, per-aux ``fc_norm.{i}`` when ``fc_norm``,
+  and ``norm_output`` (the next draft step is fed the normed output). One draft layer here (SGLang
+  serves several; this engine refuses them).
+
+The auxiliary layers come from ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's default
 ``[2, N//2, N-3]`` when absent). Layer id ``k`` is the output of the target's decoder layer ``k``.
 
 Decoding is chain EAGLE-3 (top-k 1) with greedy verification, computed in float32: the target verifies
@@ -103,14 +111,31 @@ class MidLayer(nn.Module):
         return torch.softmax(scores, dim=-1) @ v
 
 
+def modern_line(version: str | None) -> bool:
+    """True for SGLang 0.5.23 and newer (the module_utils/_eagle3.py SGLANG_LINES boundary)."""
+    import re
+
+    m = re.match(r"v?(\d+(?:\.\d+)*)", (version or "").strip())
+    return bool(m) and tuple(int(x) for x in m.group(1).split(".")) >= (0, 5, 23)
+
+
 class Eagle3Draft(nn.Module):
-    def __init__(self, cfg: dict[str, Any], target_hidden: int, n_aux: int, use_aux: bool) -> None:
+    def __init__(self, cfg: dict[str, Any], target_hidden: int, n_aux: int, use_aux: bool, modern: bool) -> None:
         super().__init__()
         h = cfg["hidden_size"]
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        eagle = cfg.get("eagle_config") or {}
+        width = (n_aux if use_aux else 1) * target_hidden
+        # Features of SGLang 0.5.23's draft model; the legacy line knows none of them (their weights drop).
+        self.input_norm = RMSNorm(width, eps) if modern and eagle.get("norm_before_fc", cfg.get("norm_before_fc")) \
+            else None
+        self.fc_norm = nn.ModuleList([RMSNorm(target_hidden, eps) for _ in range(n_aux)]) \
+            if modern and (cfg.get("fc_norm") or cfg.get("use_aux_norm")) else None
+        self.norm_output = bool(modern and cfg.get("norm_output"))
         self.vocab = cfg["vocab_size"]
         self.draft_vocab = cfg.get("draft_vocab_size") or self.vocab
         self.embed_tokens = nn.Embedding(self.vocab, h)
-        self.fc = nn.Linear((n_aux if use_aux else 1) * target_hidden, h, bias=False)
+        self.fc = nn.Linear(width, h, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(h, self.draft_vocab, bias=False)
@@ -119,7 +144,18 @@ class Eagle3Draft(nn.Module):
 
     def features(self, target_hidden: torch.Tensor) -> torch.Tensor:
         # As in SGLang: fc only when the captured features are wider than the draft's hidden size.
-        return self.fc(target_hidden) if target_hidden.shape[-1] != self.hidden_size else target_hidden
+        if target_hidden.shape[-1] == self.hidden_size:
+            return target_hidden
+        if self.input_norm is not None:
+            target_hidden = self.input_norm(target_hidden)
+        if self.fc_norm is not None:
+            chunks = target_hidden.chunk(len(self.fc_norm), dim=-1)
+            target_hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(target_hidden)
+
+    def feed(self, h: torch.Tensor) -> torch.Tensor:
+        """What the next draft step receives: the output before the final norm, or after it (norm_output)."""
+        return self.norm(h) if self.norm_output else h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -138,7 +174,8 @@ class Stats:
         return (1 + self.accepted_drafts / self.verify_steps) if self.verify_steps else None
 
 
-def load_draft(path: str, target_cfg: Any, algorithm: str) -> tuple[Eagle3Draft, list[int], dict[str, Any]]:
+def load_draft(path: str, target_cfg: Any, algorithm: str,
+               sglang_version: str | None = None) -> tuple[Eagle3Draft, list[int], dict[str, Any]]:  # fmt: skip
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise DraftLoadError(f"{cfg_path} is missing: point --speculative-draft-model-path at an exported draft")
@@ -157,7 +194,11 @@ def load_draft(path: str, target_cfg: Any, algorithm: str) -> tuple[Eagle3Draft,
     if any(not 0 <= int(i) < n_layers for i in aux):
         raise DraftLoadError(f"aux layer ids {aux} are outside the target's {n_layers} layers")
     use_aux = algorithm == "EAGLE3" and eagle.get("use_aux_hidden_state", True)
-    draft = Eagle3Draft(cfg, int(target_cfg.hidden_size), len(aux), use_aux)
+    modern = modern_line(sglang_version)
+    if int(cfg.get("num_hidden_layers", 1) or 1) > 1:
+        raise DraftLoadError(f"{cfg_path} has {cfg['num_hidden_layers']} draft layers: SGLang 0.5.23 serves them, "
+                             "the lab's reference engine implements one")  # fmt: skip
+    draft = Eagle3Draft(cfg, int(target_cfg.hidden_size), len(aux), use_aux, modern)
     # A weight the checkpoint does not provide keeps what SGLang's torch.empty leaves there: arbitrary
     # values. Fixed unit-scale noise stands in for them (deterministic, and just as meaningless).
     gen = torch.Generator().manual_seed(0)
@@ -171,6 +212,8 @@ def load_draft(path: str, target_cfg: Any, algorithm: str) -> tuple[Eagle3Draft,
     loaded, dropped, has_embed = [], [], False
     for name in files:
         for key, tensor in load_file(os.path.join(path, name)).items():
+            if modern:  # SGLang 0.5.23 keeps layers.N and maps the legacy names to them
+                key = _modern_key(key)
             if key not in own:
                 dropped.append(key)
                 continue
@@ -184,15 +227,27 @@ def load_draft(path: str, target_cfg: Any, algorithm: str) -> tuple[Eagle3Draft,
     if "d2t" not in loaded and draft.draft_vocab != draft.vocab:
         raise DraftLoadError(f"{path} has draft_vocab_size {draft.draft_vocab} < vocab_size {draft.vocab} but no d2t")
     info = {"aux_layer_ids": [int(i) for i in aux], "loaded": len(loaded), "dropped": sorted(dropped),
-            "embed_from_target": not has_embed}  # fmt: skip
+            "embed_from_target": not has_embed, "sglang_line": "0.5.23" if modern else "legacy"}  # fmt: skip
     return draft.eval(), [int(i) for i in aux], info
+
+
+def _modern_key(key: str) -> str:
+    """A 0.5.23 weight name in this engine's module names (its one layer is called midlayer)."""
+    for legacy, modern in (("aux_norm_low.", "fc_norm.0."), ("aux_norm_mid.", "fc_norm.1."),
+                           ("aux_norm_high.", "fc_norm.2.")):  # fmt: skip
+        if key.startswith(legacy):
+            key = modern + key[len(legacy) :]
+    if key.startswith("layers.0."):
+        return "midlayer." + key[len("layers.0.") :]
+    return key
 
 
 class Engine:
     """One request at a time (a lock), greedy, float32."""
 
     def __init__(self, model_path: str, draft_path: str | None = None, algorithm: str | None = None,
-                 num_steps: int = 0, topk: int = 1, num_draft_tokens: int = 0) -> None:  # fmt: skip
+                 num_steps: int = 0, topk: int = 1, num_draft_tokens: int = 0,
+                 sglang_version: str | None = None) -> None:  # fmt: skip
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_grad_enabled(False)
@@ -214,7 +269,7 @@ class Engine:
                                      "(topk 1)")  # fmt: skip
             if not draft_path:
                 raise DraftLoadError("--speculative-draft-model-path is required with --speculative-algorithm")
-            self.draft, self.aux, self.draft_info = load_draft(draft_path, self.cfg, algorithm)
+            self.draft, self.aux, self.draft_info = load_draft(draft_path, self.cfg, algorithm, sglang_version)
             if self.draft_info["embed_from_target"]:
                 self.draft.embed_tokens.weight.copy_(self.model.get_input_embeddings().weight)
             # With top-k 1 SGLang forces draft tokens = steps + 1: k drafted tokens per verify.
@@ -315,7 +370,7 @@ class Engine:
             mask = torch.arange(total)[None, :] <= js[:, None]
             h = m.finish(m.attend(q, ctx_k, ctx_v, mask), hid)
             # Chain drafting from the last context position.
-            h_last = h[-1:]
+            h_last = h[-1:]  # the layer's output before the final norm (logits always read it normed)
             drafts: list[int] = []
             chain_k, chain_v = ctx_k, ctx_v
             budget = min(self.k, max_new - len(out))
@@ -325,10 +380,11 @@ class Engine:
                 drafts.append(tok)
                 if len(drafts) >= budget:
                     break
-                q, k, v = m.qkv(d.embed_tokens(torch.tensor([tok])), h_last, torch.tensor([pos + 1]))
+                fed = d.feed(h_last)
+                q, k, v = m.qkv(d.embed_tokens(torch.tensor([tok])), fed, torch.tensor([pos + 1]))
                 chain_k, chain_v = torch.cat([chain_k, k], 1), torch.cat([chain_v, v], 1)
                 mask = torch.ones(1, chain_k.shape[1], dtype=torch.bool)
-                h_last = m.finish(m.attend(q, chain_k, chain_v, mask), h_last)
+                h_last = m.finish(m.attend(q, chain_k, chain_v, mask), fed)
                 pos += 1
             # Verify [last token, d1..dk] in one target forward.
             logits, feats, cache = self._target([out[-1], *drafts], cache)

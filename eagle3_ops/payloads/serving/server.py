@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--device", choices=["cpu"], default="cpu", help="the reference engine runs on the CPU")
     args = ap.parse_args(argv)
     if args.speculative_algorithm:
         if args.speculative_num_steps is None or args.speculative_num_steps < 1:
@@ -219,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = Engine(args.model_path, args.speculative_draft_model_path, args.speculative_algorithm,
                         args.speculative_num_steps or 0, args.speculative_eagle_topk or 1,
-                        args.speculative_num_draft_tokens or 0)  # fmt: skip
+                        args.speculative_num_draft_tokens or 0,
+                        # The SGLang release this stand-in plays (its loader's rules); set by sglang_serve.
+                        sglang_version=os.environ.get("EAGLE3_REFERENCE_SGLANG_VERSION"))  # fmt: skip
     except DraftLoadError as exc:
         print(f"[server] cannot load the draft: {exc}", file=sys.stderr)
         return 2

@@ -233,6 +233,63 @@ def _check_values(params: dict[str, Any], tensors: dict[str, Any], landed: dict[
     return problems
 
 
+class CausalAttention:
+    """The one piece of SGLang's draft forward that has no CPU kernel here: attention itself.
+
+    Plain causal softmax attention over the batch's tokens (one sequence), grouped query heads repeated,
+    with the layer's own scaling - what any of SGLang's attention backends computes for an extend of a
+    fresh sequence. Everything around it (projections, rotary, norms, fc, residuals) is SGLang's code.
+    """
+
+    def forward(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, save_kv_cache: bool = True,
+                **_kwargs: Any) -> Any:  # fmt: skip
+        import torch
+
+        n = q.shape[0]
+        heads, kv_heads = layer.tp_q_head_num, layer.tp_k_head_num
+        q = q.view(n, heads, -1).transpose(0, 1)
+        k = k.view(n, kv_heads, -1).transpose(0, 1).repeat_interleave(heads // kv_heads, dim=0)
+        v = v.view(n, kv_heads, -1).transpose(0, 1).repeat_interleave(heads // kv_heads, dim=0)
+        scores = (q @ k.transpose(-1, -2)) * layer.scaling
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        return (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(n, -1)
+
+
+def load_model(draft: str) -> Any:
+    """SGLang's LlamaForCausalLMEagle3 for the draft, weights through its own load_weights (float32)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    torch.set_default_dtype(torch.float32)
+    _single_process_group()
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    model = LlamaForCausalLMEagle3(AutoConfig.from_pretrained(draft))
+    for name in sorted(f for f in os.listdir(draft) if f.endswith(".safetensors")):
+        model.load_weights(list(load_file(os.path.join(draft, name)).items()))
+    return model.eval()
+
+
+def draft_forward(model: Any, input_ids: Any, positions: Any, target_features: Any) -> tuple[Any, Any]:
+    """SGLang's draft model over one fresh sequence: (normed output, what the next draft step is fed)."""
+    import types
+
+    import torch
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    batch = types.SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND, mm_input_embeds=None, contains_mm_inputs=lambda: False,
+        spec_info=types.SimpleNamespace(hidden_states=target_features), global_num_token_non_padded_cpu=None,
+        moe_num_token_non_padded=None,
+    )  # fmt: skip
+    with torch.no_grad(), forward_context(ForwardContext(attn_backend=CausalAttention())):
+        normed, aux = model.model(input_ids, positions, batch)
+    return normed, aux[0]
+
+
 def cmd_load(ns: argparse.Namespace) -> int:
     cpu_shims.apply(models=True)
     result = judge_load(ns.draft)

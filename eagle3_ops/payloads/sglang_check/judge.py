@@ -276,7 +276,6 @@ def draft_forward(model: Any, input_ids: Any, positions: Any, target_features: A
     import types
 
     import torch
-
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 

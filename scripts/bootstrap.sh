@@ -45,6 +45,13 @@ fi
 # makes eagle3.ops.* resolve to the working tree (edits apply at once, no reinstall).
 mkdir -p .venv/ansible_collections/eagle3
 ln -sfn ../../.. .venv/ansible_collections/eagle3/ops
+# An installed copy of eagle3.ops in the user's collections (older molecule runs left one there) shadows the
+# checkout for ansible-lint and goes stale: a copy of this very collection, reinstallable at any time.
+stale=~/.ansible/collections/ansible_collections/eagle3/ops
+if [ -f "$stale/MANIFEST.json" ] && [ ! -L "$stale" ] && grep -q '"namespace": "eagle3"' "$stale/MANIFEST.json"; then
+  echo "bootstrap: removing the installed copy $stale (it shadows this checkout)"
+  rm -rf "$stale"
+fi
 # SGLang, the judge of what eagle3-ops derives for it (argument resolution, the EAGLE-3 weight loader), in
 # its own environment: its pins (openai, tokenizers) differ from the project's, and it is CPU-only here.
 # torch first and pinned (SGLang's metadata would pull a CUDA build), then the frozen list without deps.

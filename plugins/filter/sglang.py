@@ -7,6 +7,12 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+try:  # installed collection (and ansible-test); tests load the file directly and go through sys.path
+    from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import ExportError
+    from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import sglang_line as _line
+except ImportError:  # pragma: no cover
+    _line = None  # type: ignore[assignment]
+
 DOCUMENTATION = r"""
 name: sglang_speculative_args
 short_description: SGLang EAGLE-3 arguments from draft_tokens (chain) or topk/steps (tree), validated
@@ -104,7 +110,19 @@ def bench_point(pair: Any, draft_tokens: Any, host: str) -> dict[str, Any]:
     return point
 
 
+def sglang_line(version: Any) -> dict[str, Any]:
+    """The SGLang line of a release (module_utils/_eagle3.py SGLANG_LINES), for roles that follow its rules."""
+    if _line is None:
+        raise AnsibleFilterError("sglang_line needs the eagle3.ops collection's module_utils")
+    try:
+        line = _line(None if version is None else str(version))
+    except ExportError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    return {"name": line.name, "label": line.label, "native_layer_names": line.native_layer_names,
+            "computes": sorted(line.computes), "first_layer_prefix": line.layer_prefix(0)}  # fmt: skip
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"sglang_speculative_args": sglang_speculative_args, "bench_point": bench_point,
-                "sglang_speculative_problem": sglang_speculative_problem}
+                "sglang_speculative_problem": sglang_speculative_problem, "sglang_line": sglang_line}

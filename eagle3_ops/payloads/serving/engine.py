@@ -116,7 +116,9 @@ def modern_line(version: str | None) -> bool:
     import re
 
     m = re.match(r"v?(\d+(?:\.\d+)*)", (version or "").strip())
-    return bool(m) and tuple(int(x) for x in m.group(1).split(".")) >= (0, 5, 23)
+    if m is None:  # "legacy", unset
+        return False
+    return tuple(int(x) for x in m.group(1).split(".")) >= (0, 5, 23)
 
 
 class Eagle3Draft(nn.Module):

@@ -8,7 +8,7 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:  # installed collection (and ansible-test); tests load the file directly and go through sys.path
-    from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import ExportError
+    from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import RETRAIN_FLAGS, ExportError
     from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import sglang_line as _line
 except ImportError:  # pragma: no cover
     _line = None  # type: ignore[assignment]
@@ -118,8 +118,12 @@ def sglang_line(version: Any) -> dict[str, Any]:
         line = _line(None if version is None else str(version))
     except ExportError as exc:
         raise AnsibleFilterError(str(exc)) from None
+    # speculators' architecture defaults this line does not compute, as the training flags that turn them off.
+    train_flags = [part for key in ("norm_before_fc", "norm_output", "norm_before_residual", "sliding_window")
+                   if key not in line.computes for part in RETRAIN_FLAGS[key].split()]  # fmt: skip
     return {"name": line.name, "label": line.label, "native_layer_names": line.native_layer_names,
-            "computes": sorted(line.computes), "first_layer_prefix": line.layer_prefix(0)}  # fmt: skip
+            "computes": sorted(line.computes), "first_layer_prefix": line.layer_prefix(0),
+            "train_flags": train_flags}  # fmt: skip
 
 
 class FilterModule:

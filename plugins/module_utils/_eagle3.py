@@ -211,6 +211,11 @@ def sglang_config(conf: dict[str, Any], line: SGLangLine) -> dict[str, Any]:
         if not (isinstance(aux, list) and all(isinstance(i, int) and i >= 0 for i in aux) and len(aux) == 3):
             raise ExportError(f"eagle_aux_hidden_state_layer_ids must be three layer indices, not {aux!r}")
         eagle["eagle_aux_hidden_state_layer_ids"] = aux
+    # SGLang takes the draft's window from a server argument (--speculative-draft-window-size), not from the
+    # config: the draft carries it here for sglang_serve to pass on.
+    window = draft_window(conf)
+    if window is not None and "sliding_window" in line.computes:
+        out["eagle3_ops_draft_window"] = window
     # The features this line computes, under the names its loader reads (eagle_config or top level).
     for key in ("norm_before_fc", "fc_norm", "norm_output"):
         if conf.get(key) and key in line.computes:

@@ -4,9 +4,11 @@ For every prompt, plain greedy decoding records the margin between the two best 
 speculative output must be identical, or differ first at a step whose margin is an exact tie in float32
 (below --tie), which is reported, never ignored. Prints one JSON line.
 Usage: python lossless_check.py TARGET DRAFT PROMPTS.jsonl STEPS [MAX_NEW]
+(the SGLang release whose loader the engine plays comes from EAGLE3_REFERENCE_SGLANG_VERSION, as in the unit)
 """
 
 import json
+import os
 import sys
 
 from serving.engine import Engine
@@ -14,7 +16,8 @@ from serving.engine import Engine
 target, draft, prompts_path, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 max_new = int(sys.argv[5]) if len(sys.argv) > 5 else 64
 TIE = 1e-5
-engine = Engine(target, draft, "EAGLE3", num_steps=steps)
+engine = Engine(target, draft, "EAGLE3", num_steps=steps,
+                sglang_version=os.environ.get("EAGLE3_REFERENCE_SGLANG_VERSION"))
 with open(prompts_path, encoding="utf-8") as fh:
     prompts = [json.loads(line)["prompt"] for line in fh if line.strip()]
 identical = tokens = 0

@@ -46,18 +46,24 @@ def deployed(lab):
 def test_deploy_serves_the_draft_at_16_tokens(deployed):
     unit = ct("cat", UNIT)
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    config = json.loads(ct("cat", f"{DRAFT}/config.json"))
+    # speculators' default draft window (2048) travels as the server argument SGLang 0.5.23 reads it from.
+    window = ["--speculative-draft-window-size", "2048"] if "sliding_attention" in str(
+        json.loads(ct("cat", f"{CHECKPOINT}/config.json"))) else []  # fmt: skip
     assert exec_start.split()[1:] == [
         "-m", "serving.server", "--model-path", "/srv/eagle3/models/tiny-llama", "--host", "127.0.0.1", "--port",
-        "30000", "--tp-size", "1", "--mem-fraction-static", "0.85", "--speculative-draft-model-path", DRAFT,
-        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "15", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "16",
+        "30000", "--tp-size", "1", "--mem-fraction-static", "0.85", "--device", "cpu",
+        "--speculative-draft-model-path", DRAFT, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "15",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "16", *window,
     ]  # fmt: skip
+    # The container's SGLang (0.5.23) decided the export: speculators' names kept, its default norms served.
+    assert "Environment=\"EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23\"" in unit
+    assert config["eagle_config"].get("norm_before_fc") is True and config.get("norm_output") is True
     info = server_info()
     assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_draft_tokens"] == 16
     accept = info["internal_states"][0]["avg_spec_accept_length"]
     assert accept > 1.5 and info["internal_states"][0]["draft_dropped_keys"] == 0
     assert re.search(r"at 16 draft tokens \(chain\), accept length [\d.]+", flat(deployed.stdout))
-    config = json.loads(ct("cat", f"{DRAFT}/config.json"))
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
 
@@ -101,12 +107,14 @@ def test_tree_drafting_is_refused_by_the_reference_engine_up_front(deployed):
 
 def test_an_unrenamed_draft_is_caught_by_the_gate_and_rolled_back(deployed):
     broken = "/srv/eagle3/drafts/broken-layers0"
-    # SGLang's layout and config, but the weights still say layers.0.*: SGLang would drop them silently.
+    # SGLang's layout and config, but the weights still say layers.0.*, served by an SGLang before 0.5.23 (the
+    # seeds' line): it drops them silently. serve.yml runs sglang_serve alone, without SGLang's own checks.
     pct("exec", "130", "--", "sh", "-c", 'rm -rf "$1" && mkdir -p "$1" && cp "$2/config.json" "$1/" && '
         'cp "$3/model.safetensors" "$1/"', "sh", broken, DRAFT, CHECKPOINT)  # fmt: skip
     before = ct("cat", UNIT)
     accept_before = server_info()["internal_states"][0]["avg_spec_accept_length"]
-    proc = run_playbook(SERVE, "-e", f"serve_draft={broken}", check=False, timeout=600)
+    proc = run_playbook(SERVE, "-e", f"serve_draft={broken}", "-e", "sglang_serve_sglang_version=0.5.8",
+                        check=False, timeout=600)  # fmt: skip
     assert recap(proc.stdout)["ct130"]["failed"] == 1
     out = flat(proc.stdout)
     assert re.search(r"accepts 1\.0\d* tokens per step", out) and "layers.0.*" in out
@@ -118,9 +126,42 @@ def test_an_unrenamed_draft_is_caught_by_the_gate_and_rolled_back(deployed):
     pct("exec", "130", "--", "rm", "-rf", broken)
 
 
+def test_sglang_refuses_a_command_line_it_would_rewrite(deployed):
+    before = ct("sha256sum", UNIT)
+    # A stray flag after the derived ones: SGLang's argparse keeps the last value and its resolution then
+    # rewrites it (topk 1, 15 steps) to 16 - silently, in a log. Its own ServerArgs says so here, up front.
+    proc = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=16", "-e",
+                        '{"sglang_serve_extra_args": ["--speculative-num-draft-tokens", "32"]}', check=False,
+                        timeout=600)  # fmt: skip
+    out = flat(proc.stdout)
+    assert recap(proc.stdout)["ct130"]["failed"] == 1
+    assert "SGLang 0.5.23 on ct130 would run this command line differently: speculative-num-draft-tokens 32 would " \
+        "run as 16" in out  # fmt: skip
+    assert ct("sha256sum", UNIT) == before
+
+
+def test_sglang_refuses_a_draft_its_loader_would_load_incompletely(deployed):
+    broken = "/srv/eagle3/drafts/broken-config"
+    # The exported draft, but a config.json that no longer announces norm_before_fc: SGLang 0.5.23 would drop
+    # input_norm.weight without a word and serve another function.
+    pct("exec", "130", "--", "sh", "-c", 'rm -rf "$1" && cp -r "$2" "$1" && sed -i "s/\"norm_before_fc\": true/'
+        '\"norm_before_fc\": false/" "$1/config.json"', "sh", broken, DRAFT)  # fmt: skip
+    before = ct("sha256sum", UNIT)
+    proc = run_playbook(SERVE, "-e", f"serve_draft={broken}", "-e", "sglang_serve_sglang_version=0.5.23",
+                        "-e", "sglang_serve_check_python=/opt/eagle3-ops/sglang/bin/python",
+                        "-e", "sglang_serve_check_draft_load=true", check=False, timeout=600)  # fmt: skip
+    out = flat(proc.stdout)
+    assert recap(proc.stdout)["ct130"]["failed"] == 1
+    assert f"SGLang 0.5.23 on ct130 loads {broken} incompletely: input_norm.weight is dropped silently by " \
+        "SGLang's loader" in out  # fmt: skip
+    assert ct("sha256sum", UNIT) == before
+    pct("exec", "130", "--", "rm", "-rf", broken)
+
+
 def test_the_reference_engine_is_lossless(deployed):
     pct("push", "130", str(ROOT / "tests" / "data" / "lossless_check.py"), "/opt/eagle3-ops/lossless_check.py")
-    out = pct("exec", "130", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", "/opt/eagle3-ops/venv/bin/python",
+    out = pct("exec", "130", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads",
+              "EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23", "/opt/eagle3-ops/venv/bin/python",
               "/opt/eagle3-ops/lossless_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
               "/srv/eagle3/prompts/lab-prompts.jsonl", "5", "64", timeout=900).stdout  # fmt: skip
     report = json.loads(out.strip().splitlines()[-1])

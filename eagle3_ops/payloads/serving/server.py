@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--device", choices=["cpu"], default="cpu", help="the reference engine runs on the CPU")
+    ap.add_argument("--speculative-draft-window-size", type=int,
+                    help="the draft's sliding window; the reference engine attends to everything, so it accepts a "
+                         "window only when the window covers the whole context")  # fmt: skip
     args = ap.parse_args(argv)
     if args.speculative_algorithm:
         if args.speculative_num_steps is None or args.speculative_num_steps < 1:
@@ -226,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
                         sglang_version=os.environ.get("EAGLE3_REFERENCE_SGLANG_VERSION"))  # fmt: skip
     except DraftLoadError as exc:
         print(f"[server] cannot load the draft: {exc}", file=sys.stderr)
+        return 2
+    context = int(getattr(engine.cfg, "max_position_embeddings", 0) or 0)
+    if args.speculative_draft_window_size is not None and args.speculative_draft_window_size < context:
+        print(f"[server] --speculative-draft-window-size {args.speculative_draft_window_size} is shorter than the "
+              f"context ({context}): the reference engine's draft attends to the whole context and would compute "
+              "something else", file=sys.stderr)  # fmt: skip
         return 2
     if engine.draft_info.get("dropped"):
         # SGLang drops unknown keys without a word; the lab says it once in the log.

@@ -206,6 +206,10 @@ def test_a_draft_window_becomes_a_server_argument_on_0523(epoch, tmp_path, capsy
     (epoch / "config.json").write_text(json.dumps(conf))
     res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"), sglang_version="0.5.23")
     assert not res.get("failed") and res["server_args"] == ["--speculative-draft-window-size", "2048"]
+    # The draft carries its window for sglang_serve; the legacy line refuses such a drafter.
+    assert json.loads((tmp_path / "draft" / "config.json").read_text())["eagle3_ops_draft_window"] == 2048
+    legacy = export(capsys, src=str(epoch), dest=str(tmp_path / "d2"))
+    assert legacy["failed"] and "--full-attention-indices 0" in legacy["msg"]
 
 
 @pytest.mark.parametrize("version", ["0.5.23x", "latest", ""])

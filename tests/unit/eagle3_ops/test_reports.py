@@ -16,7 +16,8 @@ def _points():
                     "engine": "sglang"})
         for dt, gain, acc in ((5, 1.8, 2.6), (10, 2.0, 2.9), (16, 1.9, 3.0)):
             pts.append({"max_concurrency": conc, "draft_tokens": dt, "output_throughput": base * gain,
-                        "accept_length": acc, "median_ttft_ms": 10.0, "p99_itl_ms": 4.0, "engine": "reference"})  # fmt: skip
+                        "accept_length": acc, "median_ttft_ms": 10.0, "p99_itl_ms": 4.0,
+                        "engine": "reference"})  # fmt: skip
     return pts
 
 

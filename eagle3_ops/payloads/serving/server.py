@@ -133,8 +133,38 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
         def _native(self, body: dict[str, Any]) -> None:
             sp = body.get("sampling_params") or {}
             max_new = self._params(sp.get("temperature", 0), sp.get("max_new_tokens"))
+            if sp.get("ignore_eos"):
+                # bench_serving asks for it by default; decoding here always ends at EOS (run it with
+                # --disable-ignore-eos), and a silently shorter output would skew its numbers.
+                raise BadRequest("ignore_eos is not implemented by the lab reference engine: send ignore_eos false")
             ids = body.get("input_ids") or engine.encode(body.get("text", ""))
             t0 = time.monotonic()
+            if body.get("stream"):
+                # SGLang's stream: server-sent events, each carrying the text and token count so far.
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                so_far: list[int] = []
+
+                def emit(tokens: list[int]) -> None:
+                    so_far.extend(tokens)
+                    chunk = {"text": engine.decode(so_far), "output_ids": list(so_far), "meta_info": {
+                        "prompt_tokens": len(ids), "completion_tokens": len(so_far)}}  # fmt: skip
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+
+                result = engine.generate(list(ids), max_new, on_tokens=emit)
+                steps = result["verify_steps"]
+                last = {"text": engine.decode(so_far), "output_ids": list(so_far), "meta_info": {
+                    "prompt_tokens": len(ids), "completion_tokens": len(so_far), "spec_verify_ct": steps,
+                    "spec_accept_length": (1 + result["accepted_drafts"] / steps) if steps else None,
+                    "e2e_latency": time.monotonic() - t0}}  # fmt: skip
+                self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+                self.wfile.flush()
+                return
             result = engine.generate(list(ids), max_new)
             out = result["output_ids"]
             steps = result["verify_steps"]

@@ -86,15 +86,16 @@ class _NoKernelFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def sgl_kernel_stand_in() -> bool:
-    """Install the stand-in when the real sgl_kernel does not import; True when it was installed."""
+    """Install the stand-in when the real sgl_kernel does not import; True when the stand-in is in place."""
+    if any(isinstance(f, _NoKernelFinder) for f in sys.meta_path):
+        return True
     try:
         import sgl_kernel  # noqa: F401
 
         return False
     except (ImportError, OSError):
         sys.modules.pop("sgl_kernel", None)
-    if not any(isinstance(f, _NoKernelFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoKernelFinder())
+    sys.meta_path.insert(0, _NoKernelFinder())
     return True
 
 

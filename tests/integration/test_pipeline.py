@@ -52,8 +52,9 @@ def test_the_pipeline_trains_a_drafter_that_beats_an_untrained_one(trained):
     assert (config["norm_before_fc"], config["norm_output"], config["norm_before_residual"]) == (False, False, False)
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
     assert "tau:" in trained.stdout and "best_epoch:" in trained.stdout
-    assert re.search(r"Export check of \S+checkpoint_best: \d+ keys would be renamed for SGLang; nothing "
-                     r"incompatible with SGLang", flat(trained.stdout))
+    # The check follows the lab's SGLang (0.5.23): speculators' names stay.
+    assert re.search(r"Export check of \S+checkpoint_best: 0 keys would be renamed for SGLang 0\.5\.23 and newer; "
+                     r"nothing incompatible with SGLang", flat(trained.stdout))
 
 
 def test_a_second_run_skips_every_stage(trained):

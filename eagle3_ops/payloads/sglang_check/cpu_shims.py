@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 from typing import Any
@@ -25,26 +26,34 @@ from typing import Any
 NO_KERNEL = "sgl_kernel.{name} has no CPU build; eagle3-ops' stand-in only lets SGLang import (cpu_shims.py)"
 
 
-def torchvision_operator_schemas() -> None:
-    """Define torchvision::nms and ::qnms unless a working torchvision already did."""
+def torchvision_operator_schemas() -> bool:
+    """Define torchvision::nms and ::qnms when torchvision's own operators cannot load; True when defined.
+
+    A host whose torchvision build matches its torch (a GPU fleet) loads the real operators and is left alone:
+    defining the schemas there would collide with torchvision's own registration.
+    """
+    import glob
+    import importlib.util
+
     import torch
 
-    # Schemas as torchvision declares them (torchvision/csrc/ops/nms.cpp); defining is a no-op for calls.
-    missing = [op for op in ("nms", "qnms") if not torch._C._dispatch_has_kernel(f"torchvision::{op}")]
-    if not missing:
-        return
-    try:
-        lib = torch.library.Library("torchvision", "DEF")
-    except RuntimeError:  # the namespace exists already (a working torchvision): nothing to do
-        return
-    signatures = {
-        "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-        "qnms": "qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor",
-    }
-    for op in missing:
-        lib.define(signatures[op])
-    # The Library object must outlive this call, or the definitions are dropped with it.
-    sys.modules[__name__].__dict__["_torchvision_lib"] = lib
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return False  # no torchvision at all: nothing registers against these operators
+    for lib in glob.glob(os.path.join(next(iter(spec.submodule_search_locations)), "_C*.so")):
+        try:
+            torch.ops.load_library(lib)
+            return False  # a working build: torchvision registers its operators itself
+        except OSError:
+            break  # linked against libraries this host lacks (CUDA): the case this shim exists for
+    if "_torchvision_lib" in globals():
+        return True
+    # Schemas as torchvision declares them (torchvision/csrc/ops/nms.cpp); calling either still fails, loudly.
+    lib = torch.library.Library("torchvision", "DEF")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    globals()["_torchvision_lib"] = lib  # the Library object must outlive this call, or the schemas go with it
+    return True
 
 
 class _Unavailable:
@@ -102,11 +111,9 @@ def sgl_kernel_stand_in() -> bool:
 def apply(models: bool = False) -> list[str]:
     """The shims needed before ``import sglang``; ``models`` adds what building a model needs. Returns their names."""
     applied = []
-    torchvision_operator_schemas()
-    applied.append("torchvision_operator_schemas")
+    if torchvision_operator_schemas():
+        applied.append("torchvision_operator_schemas")
     if models:
-        import os
-
         # SGLang picks its CPU code paths (and skips CUDA-only ones) from this variable.
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         if sgl_kernel_stand_in():

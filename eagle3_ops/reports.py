@@ -23,10 +23,13 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def speedups(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    base = {p["max_concurrency"]: p["output_throughput"] for p in points if p.get("draft_tokens") is None}
+    """Each speculative point against the baseline of the same engine at the same concurrency (a ratio across
+    engines would measure the engines, not the drafter)."""
+    base = {(p["max_concurrency"], p.get("engine")): p["output_throughput"] for p in points
+            if p.get("draft_tokens") is None}  # fmt: skip
     out = []
     for p in points:
-        b = base.get(p["max_concurrency"])
+        b = base.get((p["max_concurrency"], p.get("engine")))
         out.append({**p, "speedup": round(p["output_throughput"] / b, 3) if b and p.get("draft_tokens") else None})
     return out
 

@@ -180,10 +180,12 @@ def test_bench_sweeps_and_writes_the_report(deployed):
             assert p["accept_length"] > 1.5 and p["speedup"] is not None
     # Which engine produced each row: SGLang itself for the baseline (it runs on this CPU), the reference
     # engine where EAGLE-3 decoding needs what this CPU lacks.
-    assert {p["engine"] for p in data["points"] if p["label"] == "baseline"} == {"sglang"}
+    # (speedups compare each point with the baseline of its own engine).
+    assert {p["engine"] for p in data["points"] if p["label"] == "baseline"} == {"sglang", "reference"}
     assert {p["engine"] for p in data["points"] if p["label"] != "baseline"} == {"reference"}
     assert "| 16 | reference | 1 |" in (report_dir / "bench.md").read_text()
     assert "| baseline | sglang | 1 |" in (report_dir / "bench.md").read_text()
+    assert len(data["points"]) == 2 * 5
     assert (report_dir / "bench.png").read_bytes()[:4] == b"\x89PNG"
     # the sweep ends where deploy.yml's default leaves the service
     assert server_info()["speculative_num_draft_tokens"] == 16

@@ -45,8 +45,9 @@ def server_info(base: str) -> dict[str, Any]:
 
 
 def one(base: str, prompt: str, max_tokens: int, model: str | None) -> dict[str, Any]:
+    # include_usage: SGLang (like OpenAI) reports the token count of a stream only when asked, in a last chunk.
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}
+            "stream": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),  # noqa: S310 -- checked in main
@@ -63,8 +64,8 @@ def one(base: str, prompt: str, max_tokens: int, model: str | None) -> dict[str,
             choice = (chunk.get("choices") or [{}])[0]
             if choice.get("text") or (choice.get("delta") or {}).get("content"):
                 arrivals.append(time.perf_counter())
-            if choice.get("finish_reason") is not None:
-                tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
+            if (chunk.get("usage") or {}).get("completion_tokens") is not None:
+                tokens = chunk["usage"]["completion_tokens"]
     end = time.perf_counter()
     return {"ttft": (arrivals[0] - start) if arrivals else None, "latency": end - start, "tokens": tokens,
             "itl": [b - a for a, b in itertools.pairwise(arrivals)]}  # fmt: skip

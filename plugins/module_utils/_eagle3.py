@@ -35,7 +35,6 @@ RETRAIN_FLAGS = {
 }
 
 
-
 @dataclass(frozen=True)
 class SGLangLine:
     """What one line of SGLang's LlamaForCausalLMEagle3 loads and computes."""

@@ -129,10 +129,12 @@ class Eagle3Draft(nn.Module):
         eagle = cfg.get("eagle_config") or {}
         width = (n_aux if use_aux else 1) * target_hidden
         # Features of SGLang 0.5.23's draft model; the legacy line knows none of them (their weights drop).
-        self.input_norm = RMSNorm(width, eps) if modern and eagle.get("norm_before_fc", cfg.get("norm_before_fc")) \
-            else None
-        self.fc_norm = nn.ModuleList([RMSNorm(target_hidden, eps) for _ in range(n_aux)]) \
-            if modern and (cfg.get("fc_norm") or cfg.get("use_aux_norm")) else None
+        self.input_norm: RMSNorm | None = None
+        if modern and eagle.get("norm_before_fc", cfg.get("norm_before_fc")):
+            self.input_norm = RMSNorm(width, eps)
+        self.fc_norm: nn.ModuleList | None = None
+        if modern and (cfg.get("fc_norm") or cfg.get("use_aux_norm")):
+            self.fc_norm = nn.ModuleList([RMSNorm(target_hidden, eps) for _aux in range(n_aux)])
         self.norm_output = bool(modern and cfg.get("norm_output"))
         self.vocab = cfg["vocab_size"]
         self.draft_vocab = cfg.get("draft_vocab_size") or self.vocab

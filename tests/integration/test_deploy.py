@@ -128,8 +128,9 @@ def test_sglang_refuses_a_command_line_it_would_rewrite(deployed):
     before = ct("sha256sum", UNIT)
     # A stray flag after the derived ones: SGLang's argparse keeps the last value and its resolution then
     # rewrites it (topk 1, 15 steps) to 16 - silently, in a log. Its own ServerArgs says so here, up front.
-    proc = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=16", "-e",
-                        '{"sglang_serve_extra_args": ["--speculative-num-draft-tokens", "32"]}', check=False,
+    proc = run_playbook(SERVE, "-e", f"serve_draft={DRAFT}", "-e", "sglang_serve_sglang_version=0.5.23",
+                        "-e", "sglang_serve_check_python=/opt/eagle3-ops/sglang/bin/python",
+                        "-e", '{"sglang_serve_extra_args": ["--speculative-num-draft-tokens", "32"]}', check=False,
                         timeout=600)  # fmt: skip
     out = flat(proc.stdout)
     assert recap(proc.stdout)["ct130"]["failed"] == 1

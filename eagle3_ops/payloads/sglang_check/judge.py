@@ -6,7 +6,8 @@ Run with the serving host's Python (the one that has SGLang), from the payload d
     python -m sglang_check.judge load  DRAFT_DIR
 
 Both print one JSON object on stdout and exit 0 when SGLang accepts what was given, 1 when it does not
-(the JSON says why), 2 when the check itself could not run.
+(the JSON says why), 2 when the check itself could not run. ``load_model`` and ``draft_forward`` run SGLang's
+draft model itself (the tests compare it with the lab's reference engine, tests/data/draft_parity.py).
 
 ``args`` runs ``ServerArgs.add_cli_args`` -> ``from_cli_args`` -> ``resolve_once`` ->
 ``check_server_args`` -> ``resolved_dict`` on the exact command line, and compares every speculative
@@ -147,17 +148,24 @@ def _single_process_group() -> None:
         initialize_model_parallel(backend="gloo")
 
 
-def judge_load(draft: str) -> dict[str, Any]:
+def build_model(draft: str) -> Any:
+    """SGLang's LlamaForCausalLMEagle3 for the draft's config.json, in float32, no weights loaded yet."""
     import torch
-    from safetensors import safe_open
     from transformers import AutoConfig
 
     torch.set_default_dtype(torch.float32)  # exact comparisons: bf16/fp16 tensors widen without loss
     _single_process_group()
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
-    config = AutoConfig.from_pretrained(draft)
-    model = LlamaForCausalLMEagle3(config)
+    return LlamaForCausalLMEagle3(AutoConfig.from_pretrained(draft))
+
+
+def judge_load(draft: str) -> dict[str, Any]:
+    import torch
+    from safetensors import safe_open
+
+    model = build_model(draft)
+    config = model.config
     params = dict(model.named_parameters())
     with torch.no_grad():
         for p in params.values():
@@ -257,15 +265,9 @@ class CausalAttention:
 
 def load_model(draft: str) -> Any:
     """SGLang's LlamaForCausalLMEagle3 for the draft, weights through its own load_weights (float32)."""
-    import torch
     from safetensors.torch import load_file
-    from transformers import AutoConfig
 
-    torch.set_default_dtype(torch.float32)
-    _single_process_group()
-    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
-
-    model = LlamaForCausalLMEagle3(AutoConfig.from_pretrained(draft))
+    model = build_model(draft)
     for name in sorted(f for f in os.listdir(draft) if f.endswith(".safetensors")):
         model.load_weights(list(load_file(os.path.join(draft, name)).items()))
     return model.eval()

@@ -80,6 +80,15 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
             self.end_headers()
             self.wfile.write(data)
 
+        def _start_events(self) -> None:
+            """A server-sent event stream, one response per connection (as SGLang streams)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
         def _body(self) -> dict[str, Any]:
             n = int(self.headers.get("Content-Length") or 0)
             try:
@@ -141,12 +150,7 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
             t0 = time.monotonic()
             if body.get("stream"):
                 # SGLang's stream: server-sent events, each carrying the text and token count so far.
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
+                self._start_events()
                 so_far: list[int] = []
 
                 def emit(tokens: list[int]) -> None:
@@ -192,12 +196,7 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
             obj = "chat.completion" if chat else "text_completion"
             if body.get("stream"):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
+                self._start_events()
 
                 def emit(tokens: list[int]) -> None:
                     text = engine.decode(tokens)

@@ -76,9 +76,10 @@ def judge_args(argv: list[str]) -> dict[str, Any]:
     try:
         with contextlib.redirect_stderr(err):
             ns = parser.parse_args(argv)
-    except (argparse.ArgumentError, SystemExit) as exc:
-        message = str(exc) if isinstance(exc, argparse.ArgumentError) else err.getvalue().strip().splitlines()[-1:]
-        return {"ok": False, "stage": "parse", "error": message if isinstance(message, str) else " ".join(message)}
+    except argparse.ArgumentError as exc:
+        return {"ok": False, "stage": "parse", "error": str(exc)}
+    except SystemExit:  # argparse's own exit (unknown flags): its last line says why
+        return {"ok": False, "stage": "parse", "error": " ".join(err.getvalue().strip().splitlines()[-1:])}
     asked = {f: getattr(ns, f, None) for f in SPECULATIVE_FIELDS if getattr(ns, f, None) is not None}
     try:
         server_args = ServerArgs.from_cli_args(ns)

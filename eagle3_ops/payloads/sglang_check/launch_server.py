@@ -3,8 +3,8 @@
 On a CPU-only host SGLang needs cpu_shims.py applied before it is imported (torchvision's operator schemas,
 the sgl_kernel stand-in); this entry point applies them in the server process and hands the arguments to
 ``sglang.launch_server`` unchanged. The shims reach SGLang's child processes (scheduler, detokenizer) too:
-they are started with multiprocessing's spawn and import this module's effects through ``sitecustomize``
-on PYTHONPATH (see ``sitecustomize.py`` beside this file) - which is why the unit sets PYTHONPATH.
+they are fresh interpreters (multiprocessing spawn), so main() puts ``site/`` on PYTHONPATH, where
+``sitecustomize.py`` applies the shims at their start-up.
 On a GPU host, run ``python -m sglang.launch_server`` directly.
 """
 

@@ -16,6 +16,13 @@ on its version; ``SGLANG_LINES`` holds one row per supported line, and every rul
   n_aux x target hidden -> hidden, the input layer's residual is the hidden state *before* ``hidden_norm``
   (speculators' ``norm_before_residual`` computes another function), and the aux layer ids must sit
   under ``eagle_config`` or SGLang falls back to [2, N//2, N-3].
+* Aux layer ids count differently (``sglang_aux_layer_ids``): speculators trains on vLLM's numbering, where
+  id j is the input of decoder layer j (the output of layer j-1: ``_maybe_add_hidden_state(aux, idx + 1,
+  ...)`` after layer ``idx`` in vllm/model_executor/models/llama.py; 0 is the embeddings, N the last
+  layer's output). SGLang's ``set_eagle3_layers_to_capture`` captures at the start of layer ``val + 1``
+  for an explicit id ("in sglang, for the ith layer, it takes the output of the (i-1)th layer"), so its id
+  k is the output of layer k - one less for the same layer - while its built-in default [2, N//2, N-3]
+  (no ids in the draft config) is used unshifted, i.e. in vLLM's numbering.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ class SGLangLine:
     native_layer_names: bool  # loads layers.{i}.* as speculators writes them
     computes: frozenset[str]  # speculators features (RETRAIN_FLAGS keys) it computes as trained
     max_layers: int | None  # draft decoder layers it loads (None: any)
+    # SGLang's explicit eagle_aux_hidden_state_layer_ids = speculators' (vLLM's) id + this, for the same layer.
+    aux_id_shift: int = -1
+    aux_count: int | None = None  # aux layers its fc takes (None: as many as the config lists)
 
     @property
     def label(self) -> str:
@@ -58,7 +68,7 @@ class SGLangLine:
 SGLANG_LINES = (
     # Conservative boundary: 0.5.23 is the first release read here with these features; older ones get the
     # legacy row, whose exports every line loads (0.5.23 maps midlayer to layers.0).
-    SGLangLine("legacy", (0,), native_layer_names=False, computes=frozenset(), max_layers=1),
+    SGLangLine("legacy", (0,), native_layer_names=False, computes=frozenset(), max_layers=1, aux_count=3),
     SGLangLine(
         "0.5.23",
         (0, 5, 23),
@@ -106,6 +116,31 @@ LLAMA_FIELDS = (
 
 class ExportError(Exception):
     """The checkpoint cannot be exported as asked."""
+
+
+def sglang_aux_layer_ids(trained: Any, line: SGLangLine, target_layers: int | None = None) -> list[int]:
+    """The ``eagle_config`` ids that make SGLang capture the layers a speculators draft was trained on.
+
+    ``trained`` is in speculators'/vLLM's numbering (what ``eagle_aux_hidden_state_layer_ids`` holds in a
+    speculators checkpoint and what the extraction wrote). SGLang can capture the input of layers 1..N-1
+    only: id 0 (the embeddings) and id N (the last layer's output, which EAGLE-3 always gets as its last
+    hidden state) have no SGLang id.
+    """
+    if not (isinstance(trained, list) and trained and all(isinstance(i, int) and not isinstance(i, bool)
+                                                            for i in trained)):  # fmt: skip
+        raise ExportError(f"eagle_aux_hidden_state_layer_ids must be a list of layer ids, not {trained!r}")
+    high = f"..{target_layers - 1}" if target_layers else " and above"
+    bad = [i for i in trained if i < 1 or (target_layers is not None and i >= target_layers)]
+    if bad:
+        raise ExportError(f"aux layer ids {bad} (speculators' numbering: id j is the input of decoder layer j) have no "
+                          f"SGLang equivalent; SGLang captures the inputs of layers 1{high}: retrain with "
+                          "--target-layer-ids inside that range")  # fmt: skip
+    if len(set(trained)) != len(trained):
+        raise ExportError(f"aux layer ids {trained} repeat a layer: retrain with distinct --target-layer-ids")
+    if line.aux_count is not None and len(trained) != line.aux_count:
+        raise ExportError(f"{line.label} feeds exactly {line.aux_count} aux layers to fc, the draft was trained on "
+                          f"{len(trained)} ({trained}): retrain with {line.aux_count} --target-layer-ids")  # fmt: skip
+    return [i + line.aux_id_shift for i in trained]
 
 
 @dataclass
@@ -181,8 +216,11 @@ def server_args(conf: dict[str, Any], line: SGLangLine) -> list[str]:
     return []
 
 
-def sglang_config(conf: dict[str, Any], line: SGLangLine) -> dict[str, Any]:
-    """The draft config.json SGLang's LlamaForCausalLMEagle3 reads, from a speculators config."""
+def sglang_config(conf: dict[str, Any], line: SGLangLine, target_layers: int | None = None) -> dict[str, Any]:
+    """The draft config.json SGLang's LlamaForCausalLMEagle3 reads, from a speculators config.
+
+    ``target_layers`` (the verifier's decoder layers, when known) bounds the aux layer ids.
+    """
     layer = _layer_config(conf)
     out: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"}
     for key in LLAMA_FIELDS:
@@ -207,9 +245,10 @@ def sglang_config(conf: dict[str, Any], line: SGLangLine) -> dict[str, Any]:
     aux = conf.get("eagle_aux_hidden_state_layer_ids")
     eagle: dict[str, Any] = {"use_aux_hidden_state": True}
     if aux is not None:
-        if not (isinstance(aux, list) and all(isinstance(i, int) and i >= 0 for i in aux) and len(aux) == 3):
-            raise ExportError(f"eagle_aux_hidden_state_layer_ids must be three layer indices, not {aux!r}")
-        eagle["eagle_aux_hidden_state_layer_ids"] = aux
+        # Always written, shifted to SGLang's numbering: without ids SGLang uses [2, N//2, N-3], right only
+        # for a draft trained on exactly those layers.
+        eagle["eagle_aux_hidden_state_layer_ids"] = sglang_aux_layer_ids(aux, line, target_layers)
+        out["eagle3_ops_trained_layer_ids"] = list(aux)
     # SGLang takes the draft's window from a server argument (--speculative-draft-window-size), not from the
     # config: the draft carries it here for sglang_serve to pass on.
     window = draft_window(conf)

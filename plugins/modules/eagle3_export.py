@@ -21,6 +21,10 @@ description:
     the SGLang line does not (for the legacy line norm before fc, per-aux fc norms, norm on the output,
     sliding-window attention, more than one draft layer; for every line norm before the residual), unless
     O(allow_incompatible) names the difference.
+  - Aux layer ids are rewritten in SGLang's numbering - speculators (like vLLM) names a layer by the decoder
+    layer it feeds, SGLang by the layer that produces it, so the same layers are one less - and the ids
+    trained on are kept beside them (C(eagle3_ops_trained_layer_ids)). When the verifier named in the
+    checkpoint is readable, the ids are checked against its layer count.
   - Checks that every tensor SGLang's loader expects is present with the right shape and that no tensor
     would be silently dropped, before anything is written.
   - The speculators original stays loadable, in place too, since its C(config.json) and weights are kept under
@@ -102,6 +106,13 @@ sglang_line:
   returned: always
   type: str
   sample: "0.5.23"
+aux_layer_ids:
+  description:
+    - The auxiliary layers, in the numbering the draft was trained in (C(trained), speculators and vLLM) and in
+      the one written for SGLang (C(sglang)); C(target_layers) is the verifier's layer count when it was read.
+  returned: when the checkpoint names its aux layers
+  type: dict
+  sample: {"trained": [2, 30, 58], "sglang": [1, 29, 57], "target_layers": 61}
 server_args:
   description: launch_server arguments the draft needs on that line (its sliding window, when it has one).
   returned: always
@@ -156,6 +167,19 @@ def _read_json(path: str) -> dict:
 def _rules(line: SGLangLine, layers: int) -> list[tuple[str, str]]:
     """Key renames speculators -> this SGLang line (none for lines that load layers.N natively)."""
     return [(f"layers.{i}.", line.layer_prefix(i)) for i in range(layers) if line.layer_prefix(i) != f"layers.{i}."]
+
+
+def _target_layers(conf: dict) -> int | None:
+    """The verifier's decoder layer count, when the checkpoint names a verifier directory that is readable here."""
+    path = ((conf.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    try:
+        verifier = _read_json(os.path.join(path, "config.json"))
+    except ExportError:
+        return None
+    layers = (verifier.get("text_config") or verifier).get("num_hidden_layers")
+    return layers if isinstance(layers, int) else None
 
 
 def _is_sglang(conf: dict) -> bool:
@@ -248,7 +272,14 @@ class DraftExporter:
                               f"[{keys}].")  # fmt: skip
 
     def plan(self, conf: dict):
-        sg = sglang_config(conf, self.line)
+        target_layers = _target_layers(conf)
+        sg = sglang_config(conf, self.line, target_layers)
+        if "eagle3_ops_trained_layer_ids" in sg:
+            self.result["aux_layer_ids"] = {
+                "trained": sg["eagle3_ops_trained_layer_ids"],
+                "sglang": sg["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+                "target_layers": target_layers,
+            }
         header = read_header(self.weights)
         drop = ["^t2d$"]
         # A feature the line does not compute has no parameter there; the user accepted the difference.

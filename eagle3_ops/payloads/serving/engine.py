@@ -12,8 +12,10 @@ The draft is read the way SGLang's ``LlamaForCausalLMEagle3`` reads it, in the S
   and ``norm_output`` (the next draft step is fed the normed output). One draft layer here (SGLang
   serves several; this engine refuses them).
 
-The auxiliary layers come from ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's default
-``[2, N//2, N-3]`` when absent). Layer id ``k`` is the output of the target's decoder layer ``k``.
+The auxiliary layers come from ``eagle_config.eagle_aux_hidden_state_layer_ids`` and are captured as SGLang
+captures them: an explicit id ``k`` is the output of the target's decoder layer ``k`` (SGLang captures at the
+start of layer ``k + 1``), while its default when the ids are absent, ``[2, N//2, N-3]``, names layer
+*inputs* (the outputs of layers 1, N//2 - 1, N - 4).
 
 Decoding is chain EAGLE-3 (top-k 1) with greedy verification, computed in float32: the target verifies
 ``[last token, d1 .. dk]`` in one forward, the longest agreeing prefix is kept plus the target's own next
@@ -194,9 +196,14 @@ def load_draft(path: str, target_cfg: Any, algorithm: str,
             raise DraftLoadError(f"{cfg_path} lacks {key!r}: the draft config is not a llama EAGLE-3 config")
     n_layers = int(target_cfg.num_hidden_layers)
     eagle = cfg.get("eagle_config") or {}
-    aux = eagle.get("eagle_aux_hidden_state_layer_ids") or [2, n_layers // 2, n_layers - 3]
-    if any(not 0 <= int(i) < n_layers for i in aux):
-        raise DraftLoadError(f"aux layer ids {aux} are outside the target's {n_layers} layers")
+    explicit = eagle.get("eagle_aux_hidden_state_layer_ids")
+    # As SGLang's set_eagle3_layers_to_capture: it captures at the start of layer val + 1 for an explicit id
+    # (the output of layer val) and at the start of layers [2, N//2, N-3] by default (their inputs). Here the
+    # forward hooks read layer outputs, so both become "output of layer k".
+    aux = [int(i) for i in explicit] if explicit else [2 - 1, n_layers // 2 - 1, n_layers - 3 - 1]
+    if any(not 0 <= i <= n_layers - 2 for i in aux):
+        raise DraftLoadError(f"aux layer ids {explicit or 'by default'} capture outside layers 1..{n_layers - 1} of "
+                             f"the {n_layers}-layer target (SGLang captures at the start of layer id + 1)")  # fmt: skip
     use_aux = algorithm == "EAGLE3" and eagle.get("use_aux_hidden_state", True)
     modern = modern_line(sglang_version)
     if int(cfg.get("num_hidden_layers", 1) or 1) > 1:
@@ -230,9 +237,9 @@ def load_draft(path: str, target_cfg: Any, algorithm: str,
             has_embed |= key == "embed_tokens.weight"
     if "d2t" not in loaded and draft.draft_vocab != draft.vocab:
         raise DraftLoadError(f"{path} has draft_vocab_size {draft.draft_vocab} < vocab_size {draft.vocab} but no d2t")
-    info = {"aux_layer_ids": [int(i) for i in aux], "loaded": len(loaded), "dropped": sorted(dropped),
+    info = {"aux_layer_ids": explicit, "captured_layer_outputs": aux, "loaded": len(loaded), "dropped": sorted(dropped),
             "embed_from_target": not has_embed, "sglang_line": "0.5.23" if modern else "legacy"}  # fmt: skip
-    return draft.eval(), [int(i) for i in aux], info
+    return draft.eval(), aux, info
 
 
 def _modern_key(key: str) -> str:

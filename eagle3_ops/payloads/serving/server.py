@@ -236,6 +236,7 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
             state.update(avg_spec_accept_length=engine.stats.accept_length(), spec_verify_ct=engine.stats.verify_steps,
                          spec_accepted_drafts=engine.stats.accepted_drafts,
                          draft_aux_layer_ids=engine.draft_info["aux_layer_ids"],
+                         draft_captured_layer_outputs=engine.draft_info["captured_layer_outputs"],
                          draft_dropped_keys=len(engine.draft_info["dropped"]))  # fmt: skip
         return {"version": "eagle3-ops-reference", "engine": "reference", "model_path": args.model_path,
                 "served_model_name": name, "tp_size": args.tp_size, "speculative_algorithm": args.speculative_algorithm,

@@ -1,15 +1,18 @@
 """Extract the target's hidden states for EAGLE-3 training, resumably: one ``hs_{i}.safetensors`` per row.
 
 For row ``i`` of the prepared dataset (a ``datasets`` directory written by ``speculators prepare-data``),
-the file holds ``hidden_states`` ``[L, n_aux + 1, hidden]`` - the outputs of the auxiliary decoder layers,
-then the last decoder layer's output *before* the final norm, which is what speculators' trainer expects -
-and ``token_ids`` ``[L]`` equal to the row's ``input_ids``. Layer id ``k`` is the output of decoder layer
-``k`` (forward hooks, so the final norm is never applied). Each file is written under a temporary name,
-fsynced and renamed, so a crash leaves only complete files; a rerun skips rows whose file is complete and
-matches the row's tokens. Progress goes to stderr as ``[hidden] done/total``.
+the file holds ``hidden_states`` ``[L, n_aux + 1, hidden]`` and ``token_ids`` ``[L]`` equal to the row's
+``input_ids``: the layout vLLM's hidden-states connector writes for ``speculators generate-offline-data``, in
+the same layer numbering. Layer id ``j`` is the *input* of decoder layer ``j`` - the output of layer ``j - 1``,
+0 being the embeddings - as in vLLM (``_maybe_add_hidden_state(aux, idx + 1, ...)`` after layer ``idx``) and
+so in speculators' ``--target-layer-ids``. The last slot is always id ``N``, the last layer's output *before*
+the final norm, which speculators' trainer expects. Forward hooks read the states, so the final norm is never
+applied. Each file is written under a temporary name, fsynced and renamed, so a crash leaves only complete
+files; a rerun skips rows whose file is complete and matches the row's tokens and layers. Progress goes to
+stderr as ``[hidden] done/total``; ``training.hs_store check`` decides afterwards whether the store is complete.
 
-This is the transformers path for targets vLLM cannot serve here (the lab's CPU); on a GPU fleet
-speculators' own ``data_generation`` with vLLM writes the same layout.
+This is the path for targets vLLM cannot serve (``eagle3_data_extractor: transformers``); by default the data
+stage extracts with vLLM itself.
 
 Usage: python3 -m training.hidden_states --target DIR --data DATASET_DIR --layers 0 1 2 [--dtype bfloat16]
 """
@@ -20,11 +23,6 @@ import argparse
 import os
 import sys
 import time
-
-try:  # shipped beside this file (roles copy the codec along)
-    from . import _safetensors as st
-except ImportError:  # pragma: no cover - run as a loose script
-    import _safetensors as st  # type: ignore[no-redef]
 
 
 def _complete(path: str, ids: list[int], layers: str) -> bool:
@@ -47,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", required=True)
     ap.add_argument("--data", required=True, help="dataset directory from speculators prepare-data")
     ap.add_argument("--out", help="default: DATA/hidden_states")
-    ap.add_argument("--layers", type=int, nargs="+", required=True, help="auxiliary layer ids")
+    ap.add_argument("--layers", type=int, nargs="+", required=True,
+                    help="auxiliary layer ids, vLLM's numbering (id j: the input of decoder layer j)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto")
     ap.add_argument("--progress-every", type=int, default=50)
@@ -59,9 +58,6 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = args.out or os.path.join(args.data, "hidden_states")
     os.makedirs(out_dir, exist_ok=True)
-    marker = os.path.join(out_dir, "COMPLETE.json")
-    if os.path.exists(marker):
-        os.unlink(marker)  # this run decides again
     data = load_from_disk(args.data)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = getattr(torch, args.dtype)
@@ -73,17 +69,24 @@ def main(argv: list[str] | None = None) -> int:
         model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32 if device == "cpu" else dtype)
         model.to(device).eval()
     layers = model.model.layers
-    layer_tag = ",".join(map(str, args.layers))
-    if len(set(args.layers)) != len(args.layers) or any(not 0 <= k < len(layers) - 1 for k in args.layers):
-        raise SystemExit(f"--layers {args.layers}: aux layer ids must be distinct, in 0..{len(layers) - 2} for this "
-                         f"{len(layers)}-layer target (the last layer is always captured)")  # fmt: skip
+    n = len(layers)
+    # The metadata names the numbering, so files of another convention are never taken as complete.
+    layer_tag = "inputs:" + ",".join(map(str, args.layers))
+    if len(set(args.layers)) != len(args.layers) or any(not 0 <= j < n for j in args.layers):
+        raise SystemExit(f"--layers {args.layers}: aux layer ids must be distinct, in 0..{n - 1} for this {n}-layer "
+                         f"target (id j is the input of layer j; id {n}, the last layer's output, is always captured)")
     captured: dict[int, torch.Tensor] = {}
-    wanted = [*args.layers, len(layers) - 1]
-    for k in set(wanted):
-        def hook(_m, _i, out, k=k):
-            captured[k] = (out[0] if isinstance(out, tuple) else out)[0]
+    wanted = [*args.layers, n]
 
-        layers[k].register_forward_hook(hook)
+    def keep(j: int):
+        def hook(_m, _i, out):
+            captured[j] = (out[0] if isinstance(out, tuple) else out)[0]
+
+        return hook
+
+    # id j is what leaves layer j - 1, or the embeddings for j = 0
+    for j in set(wanted):
+        (model.get_input_embeddings() if j == 0 else layers[j - 1]).register_forward_hook(keep(j))
     total = len(data)
     done = skipped = 0
     started = time.monotonic()
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 skipped += 1
                 continue
             model(input_ids=torch.tensor([ids], device=device))
-            hs = torch.stack([captured[k] for k in wanted], dim=1).to(dtype).cpu().contiguous()
+            # .cpu() first: a target spread over several GPUs leaves each layer's state on its own device
+            hs = torch.stack([captured[k].cpu() for k in wanted], dim=1).to(dtype).contiguous()
             tmp = f"{path}.tmp"
             save_file({"hidden_states": hs, "token_ids": torch.tensor(ids, dtype=torch.long)}, tmp,
                       metadata={"layers": layer_tag})
@@ -107,10 +111,6 @@ def main(argv: list[str] | None = None) -> int:
                 rate = done / max(time.monotonic() - started, 1e-6)
                 print(f"[hidden] {done + skipped}/{total} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
     print(f"[hidden] {total}/{total} done ({done} extracted, {skipped} already complete)", file=sys.stderr, flush=True)
-    # The marker the role checks to skip this stage: written only after every file is complete.
-    st.write_json_atomic(os.path.join(out_dir, "COMPLETE.json"),
-                         {"samples": total, "layers": args.layers, "dtype": args.dtype,
-                          "dataset_fingerprint": getattr(data, "_fingerprint", None)})  # fmt: skip
     return 0
 
 

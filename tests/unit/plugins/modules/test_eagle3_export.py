@@ -67,7 +67,10 @@ def test_export_into_a_new_directory(epoch, tmp_path, capsys):
     assert res["changed"] and res["dropped"] == ["t2d"]
     conf = json.loads((dest / "config.json").read_text())
     assert conf["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert conf["eagle_config"] == {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
+    # trained on the inputs of layers 1, 2, 3 (speculators' numbering) = the outputs of layers 0, 1, 2 (SGLang's)
+    assert conf["eagle_config"] == {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    assert conf["eagle3_ops_trained_layer_ids"] == [1, 2, 3]
+    assert res["aux_layer_ids"] == {"trained": [1, 2, 3], "sglang": [0, 1, 2], "target_layers": None}
     assert "eagle_aux_hidden_state_layer_ids" not in conf  # a top-level key would be ignored by SGLang
     assert (conf["hidden_size"], conf["num_hidden_layers"], conf["draft_vocab_size"], conf["vocab_size"]) == (
         H,
@@ -219,3 +222,43 @@ def test_sglang_version_parsing(version, epoch, tmp_path, capsys):
         assert res["failed"] and "is not a version number" in res["msg"]
     else:
         assert res["sglang_line"] == ("0.5.23" if version else "legacy")
+
+
+def write_verifier(tmp_path: Path, layers: int) -> str:
+    verifier = tmp_path / "verifier"
+    verifier.mkdir(exist_ok=True)
+    (verifier / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": layers}))
+    return str(verifier)
+
+
+def test_the_seeds_ids_become_sglangs_ids_for_the_same_layers(epoch, tmp_path, capsys):
+    # FACTS/issue 17: Kimi-K2.5 (61 layers), speculators ids [2, 30, 58] are served by SGLang as [1, 29, 57].
+    verifier = write_verifier(tmp_path, 61)
+    (epoch / "config.json").write_text(json.dumps(speculators_config(
+        eagle_aux_hidden_state_layer_ids=[2, 30, 58],
+        speculators_config={"algorithm": "eagle3", "verifier": {"name_or_path": verifier}})))  # fmt: skip
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"), sglang_version="0.5.23")
+    assert res["aux_layer_ids"] == {"trained": [2, 30, 58], "sglang": [1, 29, 57], "target_layers": 61}
+    assert res["config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
+
+
+@pytest.mark.parametrize(("ids", "words"), [
+    ([0, 1, 2], "[0]"),            # the embeddings: SGLang has no id for them
+    ([1, 2, 4], "[4]"),            # the last layer's output (4 layers): always captured, never an aux layer
+    ([1, 1, 2], "repeat"),
+])  # fmt: skip
+def test_ids_sglang_cannot_capture_are_refused_before_writing(epoch, tmp_path, capsys, ids, words):
+    verifier = write_verifier(tmp_path, 4)
+    (epoch / "config.json").write_text(json.dumps(speculators_config(
+        eagle_aux_hidden_state_layer_ids=ids,
+        speculators_config={"algorithm": "eagle3", "verifier": {"name_or_path": verifier}})))  # fmt: skip
+    dest = tmp_path / "draft"
+    res = export(capsys, src=str(epoch), dest=str(dest), sglang_version="0.5.23")
+    assert res["failed"] and words in res["msg"] and "--target-layer-ids" in res["msg"]
+    assert not dest.exists()
+
+
+def test_the_legacy_line_takes_exactly_three_aux_layers(epoch, tmp_path, capsys):
+    (epoch / "config.json").write_text(json.dumps(speculators_config(eagle_aux_hidden_state_layer_ids=[1, 2])))
+    res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"))
+    assert res["failed"] and "exactly 3 aux layers" in res["msg"]

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab-size", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=6)
     # head_dim 32 (64 / 2): vLLM's CPU attention backend rejects a head size of 16, which 4 heads would give.
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--kv-heads", type=int, default=1)

@@ -1,0 +1,118 @@
+"""training.hs_store: the hidden-state store's settings, shards and checks; training.disk's fp8 and online advice."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from eagle3_ops.payloads.training import disk, hs_store
+from tests.modules import ROOT
+
+# torch, safetensors and datasets: the controller's SGLang environment has them (the payload's own runtime
+# is in the containers).
+TORCH_PY = ROOT / ".venv-sglang" / "bin" / "python"
+
+
+@pytest.mark.parametrize(("total", "world"), [(10, 3), (160, 1), (7, 4), (3, 5)])
+def test_shards_are_contiguous_cover_every_row_once_and_differ_by_at_most_one(total, world):
+    shards = [hs_store.shard_rows(total, world, rank) for rank in range(world)]
+    assert [i for s in shards for i in s] == list(range(total))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    # speculators' get_indices_to_process gives the remainder to the first ranks: 10 rows over 3 = 4, 3, 3
+    if (total, world) == (10, 3):
+        assert shards == [range(0, 4), range(4, 7), range(7, 10)]
+    with pytest.raises(ValueError, match="outside a world of 3"):
+        hs_store.shard_rows(10, 3, 3)
+
+
+def test_a_store_made_with_other_settings_is_emptied_and_the_same_settings_keep_it(tmp_path):
+    first = {"layers": [1, 3, 4], "numbering": "vllm", "store": "file", "extractor": "vllm"}
+    assert hs_store.begin(str(tmp_path), first) == "new"
+    (tmp_path / "hs_0.safetensors").write_bytes(b"x")
+    (tmp_path / "COMPLETE.json").write_text("{}")
+    assert hs_store.begin(str(tmp_path), first) == "kept"
+    assert (tmp_path / "hs_0.safetensors").exists() and (tmp_path / "COMPLETE.json").exists()
+    # other layers: same shapes, other features - nothing of the old store may be trained on
+    assert hs_store.begin(str(tmp_path), {**first, "layers": [2, 3, 4]}) == "reset"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["EXTRACTION.json"]
+    # files without a record (an older release of the role) are not trusted either
+    (tmp_path / "EXTRACTION.json").unlink()
+    (tmp_path / "hs_5.safetensors").write_bytes(b"x")
+    assert hs_store.begin(str(tmp_path), first) == "reset" and not (tmp_path / "hs_5.safetensors").exists()
+
+
+MAKE_STORE = textwrap.dedent("""
+    import sys, torch
+    from datasets import Dataset
+    from safetensors.torch import save_file
+    out = sys.argv[1]
+    rows = [[5, 6, 7], [8, 9], [1, 2, 3, 4], [4, 4]]
+    Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows],
+                       "seq_len": [len(r) for r in rows]}).save_to_disk(out + "/ds")
+    def write(i, ids, dtype=torch.bfloat16, fp8=False, slots=4):
+        hs = torch.randn(len(ids), slots, 8).to(dtype)
+        tensors = {"hidden_states": hs, "token_ids": torch.tensor(ids)}
+        if fp8:
+            tensors = {"hidden_states": hs.to(torch.float8_e4m3fn), "token_ids": torch.tensor(ids),
+                       "hidden_states_scales": torch.ones(len(ids), 1, 1)}
+        save_file(tensors, f"{out}/hs/hs_{i}.safetensors")
+    import os; os.makedirs(out + "/hs", exist_ok=True)
+    write(0, rows[0])
+    write(1, [8, 10])              # tokens of another row
+    write(2, rows[2], fp8=True)    # the fp8 store's layout
+    # row 3 missing
+""")
+
+
+@pytest.mark.skipif(not TORCH_PY.exists(), reason="needs the controller's SGLang environment (torch, datasets)")
+def test_check_sets_aside_wrong_files_names_missing_rows_and_marks_a_complete_shard(tmp_path):
+    subprocess.run([str(TORCH_PY), "-c", MAKE_STORE, str(tmp_path)], check=True, capture_output=True)
+
+    def check(*extra: str) -> dict:
+        proc = subprocess.run([str(TORCH_PY), "-m", "training.hs_store", "check", "--data", str(tmp_path / "ds"),
+                               "--out", str(tmp_path / "hs"), "--slots", "4", "--hidden", "8", *extra],
+                              cwd=ROOT / "eagle3_ops" / "payloads", capture_output=True, text=True, check=True)  # fmt: skip
+        return json.loads(proc.stdout)
+
+    whole = check("--all", "--values")
+    assert (whole["rows"], whole["missing"], whole["rejected"], whole["complete"]) == (4, 1, 1, False)
+    assert whole["missing_first"] == [3] and "token ids differ" in whole["rejected_first"]["1"]
+    assert (tmp_path / "hs" / "hs_1.safetensors.rejected").exists() and not (tmp_path / "hs" / "COMPLETE.json").exists()
+    # shard 0 of 2 is rows 0-1 (row 1 now missing), shard 1 is rows 2-3
+    assert check("--world", "2", "--rank", "0")["missing_first"] == [1]
+    # the rows regenerated (as the next run's extraction would), the shard and then the store are complete
+    fix = ("import torch; from safetensors.torch import save_file; import sys; out = sys.argv[1]; "
+           "[save_file({'hidden_states': torch.zeros(len(ids), 4, 8, dtype=torch.bfloat16), "
+           "'token_ids': torch.tensor(ids)}, f'{out}/hs/hs_{i}.safetensors') for i, ids in ((1, [8, 9]), (3, [4, 4]))]")
+    subprocess.run([str(TORCH_PY), "-c", fix, str(tmp_path)], check=True, capture_output=True)
+    shard = check("--world", "2", "--rank", "1")
+    assert shard["complete"] and shard["marker"] == "SHARD-1-of-2.json" and shard["first"] == 2
+    whole = check("--all")
+    assert whole["complete"] and json.loads((tmp_path / "hs" / "COMPLETE.json").read_text())["samples"] == 4
+    # a wrong shape (other layer count) is rejected too
+    assert check("--all", "--slots", "3")["rejected"] == 4
+
+
+def test_disk_advice_names_the_fp8_store_and_online_training_with_their_numbers(tmp_path):
+    file_bytes = disk.hidden_state_bytes(37312, 2150, 7168, aux_layers=3, dtype_bytes=2)
+    fp8_bytes = disk.hidden_state_bytes(37312, 2150, 7168, aux_layers=3, fp8=True)
+    assert 0.49 < fp8_bytes / file_bytes < 0.51  # "about half the bytes": 4.6 TB -> 2.3 TB
+    check = disk.DiskCheck(file_bytes, int(3e12), "/srv/hs", fp8_needed=fp8_bytes)
+    msg = check.message()
+    assert "need 4.69 TB" in msg and "fp8 store needs 2.35 TB and fits" in msg
+    assert "eagle3_data_hidden_store: fp8" in msg and "eagle3_train_hidden_states: online" in msg
+    assert "does not fit either" in disk.DiskCheck(file_bytes, int(1e12), "/srv", fp8_needed=fp8_bytes).message()
+
+
+def test_disk_cli_divides_the_store_among_per_host_shards(tmp_path, capsys):
+    args = ["--path", str(tmp_path), "--samples", "1000", "--mean-tokens", "100", "--hidden", "64"]
+    assert disk.main(args) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert disk.main([*args, "--shards", "4"]) == 0
+    quarter = json.loads(capsys.readouterr().out)
+    assert quarter["needed"] == pytest.approx(whole["needed"] / 4, rel=0.01)
+    assert whole["fp8_needed"] < whole["needed"]

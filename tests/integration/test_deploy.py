@@ -63,7 +63,7 @@ def test_deploy_serves_the_draft_at_16_tokens(deployed):
     assert accept > 1.5 and info["internal_states"][0]["draft_dropped_keys"] == 0
     assert re.search(r"at 16 draft tokens \(chain\), accept length [\d.]+", flat(deployed.stdout))
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]  # SGLang's numbering
 
 
 def test_the_status_table_shows_what_is_served(deployed):
@@ -166,6 +166,21 @@ def test_the_reference_engine_is_lossless(deployed):
     report = json.loads(out.strip().splitlines()[-1])
     assert report["prompts"] == 160 and report["mismatches"] == []
     assert report["identical"] + len(report["ties"]) == 160 and report["accept_length"] > 1.5
+
+
+def test_the_served_draft_sees_the_layers_it_was_trained_on(deployed):
+    # Trained on vLLM's ids [1, 3, 4] (inputs of layers 1, 3, 4), exported as SGLang's [0, 2, 3]; the reference
+    # engine captures as SGLang does. Written unchanged, the ids would make SGLang capture one layer deeper.
+    pct("push", "130", str(ROOT / "tests" / "data" / "aux_ids_check.py"), "/opt/eagle3-ops/aux_ids_check.py")
+    out = pct("exec", "130", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads",
+              "EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23", "/opt/eagle3-ops/venv/bin/python",
+              "/opt/eagle3-ops/aux_ids_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
+              "/srv/eagle3/runs/tiny-llama/data/dataset", "/srv/eagle3/runs/tiny-llama/data/hidden_states",
+              "/srv/eagle3/prompts/lab-prompts.jsonl", "8", "20", timeout=900).stdout  # fmt: skip
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["trained_ids"] == [1, 3, 4] and report["sglang_ids"] == [0, 2, 3]
+    assert report["feature_max_rel_diff"] < 1e-2 < 0.1 < report["off_by_one_feature_max_rel_diff"], report
+    assert report["accept_length"] > report["off_by_one_accept_length"] + 0.3, report
 
 
 def test_bench_sweeps_and_writes_the_report(deployed):

@@ -50,11 +50,57 @@ def test_the_pipeline_trains_a_drafter_that_beats_an_untrained_one(trained):
     assert {"model.safetensors", "config.json", "val_metrics.json"} <= set(files)
     config = read_json(f"{RUN}/train/save/checkpoint_best/config.json")
     assert (config["norm_before_fc"], config["norm_output"], config["norm_before_residual"]) == (False, False, False)
-    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    # speculators' (vLLM's) numbering, as the data stage extracted them
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    store = read_json(f"{RUN}/data/hidden_states/COMPLETE.json")
+    assert store | {"samples": 160} == {"layers": [1, 3, 4], "numbering": "vllm", "store": "file", "extractor": "vllm",
+                                        "target": "/srv/eagle3/models/tiny-llama", "samples": 160, "first": 0,
+                                        "world": 1, "rank": 0}  # fmt: skip
+    assert "Data generation complete!" in ct("cat", f"{RUN}/data/logs/hidden.log")
     assert "tau:" in trained.stdout and "best_epoch:" in trained.stdout
     # The check follows the lab's SGLang (0.5.23): speculators' names stay.
     assert re.search(r"Export check of \S+checkpoint_best: 0 keys would be renamed for SGLang 0\.5\.23 and newer; "
                      r"nothing incompatible with SGLang", flat(trained.stdout))
+
+
+COMPARE = """
+import json, sys, torch
+from safetensors.torch import load_file
+a_dir, b_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+same = other = 0.0
+for i in range(n):
+    a = load_file(f"{a_dir}/hs_{i}.safetensors"); b = load_file(f"{b_dir}/hs_{i}.safetensors")
+    assert torch.equal(a["token_ids"], b["token_ids"]) and a["hidden_states"].shape == b["hidden_states"].shape
+    x, y = a["hidden_states"].float(), b["hidden_states"].float()
+    scale = y.abs().amax(dim=(0, 2))  # per slot
+    same = max(same, ((x - y).abs().amax(dim=(0, 2)) / scale).max().item())
+    # the neighbouring slot (another layer) is far off: the comparison can tell layers apart
+    other = max(other, ((x[:, 1:] - y[:, :-1]).abs().amax(dim=(0, 2)) / scale[:-1]).min().item())
+print(json.dumps({"rows": n, "max_rel_diff": same, "neighbour_min_rel_diff": other}))
+"""
+
+
+def test_vllm_and_the_transformers_extractor_write_the_same_layers(trained):
+    # The transformers path (for targets vLLM cannot serve) on the same rows, into a scratch store.
+    out = "/srv/eagle3/runs/tiny-llama/data/hidden_states-transformers"
+    pct("exec", "129", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", "/opt/eagle3-ops/venv/bin/python", "-m",
+        "training.hidden_states", "--target", "/srv/eagle3/models/tiny-llama", "--data", f"{RUN}/data/dataset", "--out",
+        out, "--dtype", "float32", "--layers", "1", "3", "4", timeout=600)  # fmt: skip
+    try:
+        got = json.loads(pct("exec", "129", "--", "/opt/eagle3-ops/venv/bin/python", "-c", COMPARE,
+                             f"{RUN}/data/hidden_states", out, "160", timeout=300).stdout)  # fmt: skip
+    finally:
+        pct("exec", "129", "--", "rm", "-rf", out)
+    # same ids -> same layers: equal within the precision of vLLM's CPU kernels; a layer apart, clearly not
+    assert got["max_rel_diff"] < 1e-2 and got["neighbour_min_rel_diff"] > 0.1, got
+
+
+def test_a_finished_run_on_other_layers_is_refused_not_reused(trained):
+    proc = run_playbook(ROOT / "train.yml", "--tags", "train", "-e", '{"eagle3_train_target_layer_ids": [1, 2, 3]}',
+                        check=False, timeout=600)  # fmt: skip
+    assert recap(proc.stdout)["ct129"]["failed"] == 1
+    assert (f"{RUN}/train holds a finished run trained on the hidden states of layers [1, 3, 4], but the data now "
+            "holds layers [1, 2, 3]") in flat(proc.stdout)
 
 
 def test_a_second_run_skips_every_stage(trained):

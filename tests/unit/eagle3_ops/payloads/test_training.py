@@ -138,3 +138,33 @@ def test_a_non_oom_failure_stops_with_its_code(tmp_path):
     assert result.returncode == 7
     attempts = json.loads((tmp_path / "st2" / "attempts.json").read_text())
     assert attempts[0]["cause"] == "error" and "bad config" in attempts[0]["log_tail"]
+
+
+# vLLM 0.32's /metrics after a CPU run of the lab's drafter (20 prompts, 3 speculative tokens), trimmed.
+VLLM_METRICS = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="/m"} 389.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="/m"} 1.7960798032709386e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="/m"} 1167.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="/m"} 574.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="0"} 269.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="1"} 178.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="2"} 127.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="/m",position="2"} 1.79e+09
+"""
+
+
+def test_vllm_acceptance_comes_from_the_counters_this_run_moved():
+    from eagle3_ops.payloads.training import vllm_accept
+
+    after = vllm_accept.parse_counters(VLLM_METRICS)
+    assert after["spec_decode_num_drafts"] == 389 and after["accepted_per_pos.2"] == 127
+    before = {"spec_decode_num_drafts": 89.0, "spec_decode_num_accepted_tokens": 74.0,
+              "spec_decode_num_draft_tokens": 267.0, "accepted_per_pos.0": 69.0}  # fmt: skip
+    got = vllm_accept.judge(before, after, tokens=900, prompts=20)
+    assert got["drafts"] == 300 and got["accepted_tokens"] == 500 and got["accept_length"] == pytest.approx(2.6667, abs=1e-3)
+    assert got["per_position"] == [pytest.approx(200 / 300, abs=1e-4), pytest.approx(178 / 300, abs=1e-4),
+                                   pytest.approx(127 / 300, abs=1e-4)]  # fmt: skip
+    assert got["acceptance_rate"] == pytest.approx(500 / 900, abs=1e-4)
+    assert vllm_accept.judge(after, after, 0, 1)["accept_length"] is None

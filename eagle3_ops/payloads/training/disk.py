@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     result = check(args.path, need(args.store == "fp8"))
     if args.store == "file":
         result.fp8_needed = need(True)
-    print(json.dumps({"needed": result.needed, "free": result.free, "path": result.path, "fits": result.fits,
-                      "fp8_needed": result.fp8_needed, "message": "" if result.fits else result.message()}))  # fmt: skip
+    report = {"needed": result.needed, "free": result.free, "path": result.path, "fits": result.fits,
+              "fp8_needed": result.fp8_needed, "message": "" if result.fits else result.message()}  # fmt: skip
+    print(json.dumps(report))
     if not result.fits:
         print(result.message(), file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
 """vLLM as the judge of a trained drafter: its measured acceptance on real prompts, from its own counters.
 
 vLLM reads speculators' checkpoint format natively (``--speculative-config '{"method": "eagle3", "model":
-CHECKPOINT, "num_speculative_tokens": N}'``). This client sends the prompts as chat requests (greedy, a few at
+CHECKPOINT, "num_speculative_tokens": N}'``). This client sends the prompts (the data stage's ``messages`` rows, or ``prompt`` rows) as chat requests (greedy, a few at
 a time) to such a server and reads its Prometheus counters before and after, so only its own requests
 count: ``vllm:spec_decode_num_drafts`` (verification steps that carried drafts),
 ``vllm:spec_decode_num_accepted_tokens`` and the per-position acceptance. The mean acceptance length is
@@ -43,10 +43,9 @@ def parse_counters(text: str) -> dict[str, float]:
     return out
 
 
-def ask(endpoint: str, model: str, prompt: str, max_tokens: int, timeout: float) -> int:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0}  # fmt: skip
-    req = urllib.request.Request(f"{endpoint}/v1/chat/completions", data=json.dumps(body).encode(),
+def ask(endpoint: str, model: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> int:
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request(f"{endpoint}/v1/chat/completions", data=json.dumps(body).encode(),  # noqa: S310
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
         return int(json.load(resp)["usage"]["completion_tokens"])
@@ -76,14 +75,15 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--endpoint", required=True, help="the server's base URL, without /v1")
     ap.add_argument("--model", required=True, help="the served model name (the target path by default)")
-    ap.add_argument("--prompts", required=True, help="JSONL with a 'prompt' field per line")
+    ap.add_argument("--prompts", required=True, help="JSONL with 'messages' (the data stage's prompts) or 'prompt'")
     ap.add_argument("--limit", type=int, default=0, help="first N prompts (0: all)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args(argv)
     with open(args.prompts, encoding="utf-8") as fh:
-        prompts = [json.loads(line)["prompt"] for line in fh if line.strip()]
+        rows = [json.loads(line) for line in fh if line.strip()]
+    prompts = [row["messages"] if "messages" in row else [{"role": "user", "content": row["prompt"]}] for row in rows]
     if args.limit:
         prompts = prompts[: args.limit]
     if not prompts:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -73,9 +72,9 @@ def test_check_sets_aside_wrong_files_names_missing_rows_and_marks_a_complete_sh
     subprocess.run([str(TORCH_PY), "-c", MAKE_STORE, str(tmp_path)], check=True, capture_output=True)
 
     def check(*extra: str) -> dict:
-        proc = subprocess.run([str(TORCH_PY), "-m", "training.hs_store", "check", "--data", str(tmp_path / "ds"),
-                               "--out", str(tmp_path / "hs"), "--slots", "4", "--hidden", "8", *extra],
-                              cwd=ROOT / "eagle3_ops" / "payloads", capture_output=True, text=True, check=True)  # fmt: skip
+        argv = [str(TORCH_PY), "-m", "training.hs_store", "check", "--data", str(tmp_path / "ds"),
+                "--out", str(tmp_path / "hs"), "--slots", "4", "--hidden", "8", *extra]  # fmt: skip
+        proc = subprocess.run(argv, cwd=ROOT / "eagle3_ops" / "payloads", capture_output=True, text=True, check=True)
         return json.loads(proc.stdout)
 
     whole = check("--all", "--values")

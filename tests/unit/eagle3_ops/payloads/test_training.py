@@ -163,7 +163,8 @@ def test_vllm_acceptance_comes_from_the_counters_this_run_moved():
     before = {"spec_decode_num_drafts": 89.0, "spec_decode_num_accepted_tokens": 74.0,
               "spec_decode_num_draft_tokens": 267.0, "accepted_per_pos.0": 69.0}  # fmt: skip
     got = vllm_accept.judge(before, after, tokens=900, prompts=20)
-    assert got["drafts"] == 300 and got["accepted_tokens"] == 500 and got["accept_length"] == pytest.approx(2.6667, abs=1e-3)
+    assert got["drafts"] == 300 and got["accepted_tokens"] == 500
+    assert got["accept_length"] == pytest.approx(2.6667, abs=1e-3)
     assert got["per_position"] == [pytest.approx(200 / 300, abs=1e-4), pytest.approx(178 / 300, abs=1e-4),
                                    pytest.approx(127 / 300, abs=1e-4)]  # fmt: skip
     assert got["acceptance_rate"] == pytest.approx(500 / 900, abs=1e-4)

@@ -103,6 +103,24 @@ def test_a_finished_run_on_other_layers_is_refused_not_reused(trained):
             "holds layers [1, 2, 3]") in flat(proc.stdout)
 
 
+def test_online_training_asks_vllm_and_keeps_no_store(trained, scratch):
+    scratch("online")
+    served_before = ct("grep", "-c", "POST /v1/completions", f"{RUN}/data/logs/vllm-server.log").strip()
+    proc = run_playbook(ROOT / "train.yml", "--tags", "data,train", "-e", "eagle3_hidden_states=online",
+                        "-e", "eagle3_train_dir=/srv/eagle3/runs/online", "-e", "eagle3_train_unit=eagle3-train-online",
+                        "-e", "eagle3_train_epochs=1", timeout=900)  # fmt: skip
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
+    result = read_json("/srv/eagle3/runs/online/state/result.json")
+    assert result["checkpoints"] == [0] and result["tau"] > 1
+    # every training and validation row came from the server (the trainer deleted what it wrote), none is kept
+    served = int(ct("grep", "-c", "POST /v1/completions", f"{RUN}/data/logs/vllm-server.log")) - int(served_before)
+    assert served >= 160, served
+    assert ct("ls", "-A", "/srv/eagle3/runs/online/online-cache", f"{RUN}/data/hidden_states.incoming").split() == [
+        "/srv/eagle3/runs/online/online-cache:", f"{RUN}/data/hidden_states.incoming:"]
+    # the server went with the run
+    assert ct("systemctl", "is-active", "eagle3-data-vllm", check=False).strip() in ("inactive", "failed", "unknown")
+
+
 def test_a_second_run_skips_every_stage(trained):
     again = run_playbook(ROOT / "train.yml", timeout=900)
     assert recap(again.stdout)["ct129"] == {**recap(again.stdout)["ct129"], "changed": 0, "failed": 0}

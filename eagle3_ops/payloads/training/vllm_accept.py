@@ -1,10 +1,11 @@
 """vLLM as the judge of a trained drafter: its measured acceptance on real prompts, from its own counters.
 
 vLLM reads speculators' checkpoint format natively (``--speculative-config '{"method": "eagle3", "model":
-CHECKPOINT, "num_speculative_tokens": N}'``). This client sends the prompts (the data stage's ``messages`` rows, or ``prompt`` rows) as chat requests (greedy, a few at
-a time) to such a server and reads its Prometheus counters before and after, so only its own requests
-count: ``vllm:spec_decode_num_drafts`` (verification steps that carried drafts),
-``vllm:spec_decode_num_accepted_tokens`` and the per-position acceptance. The mean acceptance length is
+CHECKPOINT, "num_speculative_tokens": N}'``). This client sends the prompts (the data stage's ``messages``
+rows, or ``prompt`` rows) as chat requests (greedy, a few at a time) to such a server and reads its
+Prometheus counters before and after, so only its own requests count: ``vllm:spec_decode_num_drafts``
+(verification steps that carried drafts), ``vllm:spec_decode_num_accepted_tokens`` and the per-position
+acceptance. The mean acceptance length is
 1 + accepted / drafts - the same quantity as the trainer's estimate tau = 1 + sum of full accuracies.
 Standard library only. Prints one JSON line.
 

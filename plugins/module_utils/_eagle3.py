@@ -126,8 +126,8 @@ def sglang_aux_layer_ids(trained: Any, line: SGLangLine, target_layers: int | No
     only: id 0 (the embeddings) and id N (the last layer's output, which EAGLE-3 always gets as its last
     hidden state) have no SGLang id.
     """
-    if not (isinstance(trained, list) and trained and all(isinstance(i, int) and not isinstance(i, bool)
-                                                            for i in trained)):  # fmt: skip
+    ints = isinstance(trained, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in trained)
+    if not (ints and trained):
         raise ExportError(f"eagle_aux_hidden_state_layer_ids must be a list of layer ids, not {trained!r}")
     high = f"..{target_layers - 1}" if target_layers else " and above"
     bad = [i for i in trained if i < 1 or (target_layers is not None and i >= target_layers)]

@@ -131,8 +131,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     settings = _read_json(os.path.join(args.out, SETTINGS)) or {}
     if complete:
         marker = COMPLETE if args.all or world == 1 else f"SHARD-{rank}-of-{world}.json"
-        st.write_json_atomic(os.path.join(args.out, marker), {**settings, "samples": len(rows), "first": rows.start,
-                                                               "world": world, "rank": rank})  # fmt: skip
+        record = {**settings, "samples": len(rows), "first": rows.start, "world": world, "rank": rank}
+        st.write_json_atomic(os.path.join(args.out, marker), record)
         result["marker"] = marker
     return result
 

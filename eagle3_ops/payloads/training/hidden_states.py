@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="auxiliary layer ids, vLLM's numbering (id j: the input of decoder layer j)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    ap.add_argument("--max-samples", type=int, default=0, help="first N rows only (0: all), as generate-offline-data")
     ap.add_argument("--progress-every", type=int, default=50)
     args = ap.parse_args(argv)
     import torch
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     # id j is what leaves layer j - 1, or the embeddings for j = 0
     for j in set(wanted):
         (model.get_input_embeddings() if j == 0 else layers[j - 1]).register_forward_hook(keep(j))
-    total = len(data)
+    total = min(len(data), args.max_samples) if args.max_samples > 0 else len(data)
     done = skipped = 0
     started = time.monotonic()
     with torch.no_grad():

@@ -9,12 +9,16 @@ N bytes of UTF-8 JSON (may end in spaces), then the data section. Each tensor's
 
 Two ways to write a new header:
 
-* in place, when it fits in the old N bytes (padded with spaces): the old header is first saved to a
-  journal beside the file and fsynced; an interrupted rewrite is rolled back from the journal the next
-  time the file is opened through :func:`recover`;
+* in place, when it fits in the old N bytes (padded with spaces): the old header is first saved whole
+  to a checksummed journal beside the file and fsynced; an interrupted rewrite is rolled back from the
+  journal the next time the file is opened through :func:`recover`;
 * rewrite, otherwise (or when tensors are dropped): a temporary file beside the original gets the new
   header and the data copied by the kernel (``copy_file_range``/``sendfile``), is fsynced, checked, and
   atomically renamed over the original.
+
+Both paths validate the new header with the rules of every read before a byte is written, refuse a file
+the user could not write, and run under :class:`CheckpointLock` (one fcntl lock per checkpoint directory,
+which NFS forwards to its server), so runs on one checkpoint from several hosts are serialised.
 
 Pure Python, no Ansible imports: unit-testable on its own and importable by modules.
 """
@@ -22,10 +26,15 @@ Pure Python, no Ansible imports: unit-testable on its own and importable by modu
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import json
 import os
 import re
+import secrets
+import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +48,9 @@ DTYPE_BITS = {
     "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }  # fmt: skip
 JOURNAL_SUFFIX = ".remap-journal"
-JOURNAL_MAGIC = b"E3REMAP1"
+JOURNAL_MAGIC = b"E3REMAP2"
+LEGACY_JOURNAL_MAGIC = b"E3REMAP1"  # journals of earlier versions: no checksum
+RESERVED_NAMES = ("__metadata__",)  # the format's own key: never a tensor name
 
 
 class SafetensorsError(Exception):
@@ -276,6 +287,11 @@ def plan_names(
             dropped.append(name)
             continue
         new = rename(name, rules)
+        if new != name and new in RESERVED_NAMES:
+            raise SafetensorsError(
+                f"renaming {name!r} in {path} would give a tensor the reserved name {new!r}, which the format keeps "
+                "for metadata: fix the rules"
+            )
         if new in seen:
             raise SafetensorsError(
                 f"renaming {path} would give two tensors the name {new!r} ({seen[new]!r} and {name!r}): "
@@ -337,6 +353,27 @@ def encode_header(obj: dict[str, Any], pad_to: int | None = None) -> bytes:
 
 
 # -- writing -----------------------------------------------------------------------------------
+#
+# Every write of a checkpoint runs under CheckpointLock (one lock per checkpoint directory, an fcntl
+# lock, which NFS forwards to its server), reads the offsets it rewrites only once it holds the lock, and
+# writes each byte range whole (a short write is retried, a write that makes no progress fails) before
+# the original is touched. Temporary names carry the host, the PID and a random part: PIDs are per
+# container, and containers on one share can run the same PID at once.
+
+
+def host_tag() -> str:
+    """This host's name, reduced to characters that are safe in a file name."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname() or "host")[:64] or "host"
+
+
+def unique_suffix() -> str:
+    """HOST-PID-RANDOM: unique across the hosts that share one directory."""
+    return f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def temporary_path(path: str) -> str:
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.tmp-{unique_suffix()}")
 
 
 def journal_path(path: str) -> str:
@@ -352,11 +389,191 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes, offset: int) -> None:
+    """pwrite ``data`` whole at ``offset``: a short write is continued, one that writes nothing fails (ENOSPC)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (only {done} of {len(view)} bytes written)")
+        done += n
+
+
+def _new_file_mode() -> int:
+    """The mode an ordinary write gives a new file: 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _mode_for(target: str) -> int:
+    """An existing file keeps its mode when it is replaced; a new one gets what the umask gives."""
+    try:
+        return os.stat(target).st_mode & 0o7777
+    except FileNotFoundError:
+        return _new_file_mode()
+
+
+def check_writable(path: str) -> None:
+    """Refuse, before anything is written, a file this user could not write (both write paths use this rule).
+
+    The rewrite path could replace such a file through its writable directory; a checkpoint the user may not
+    write is refused on both paths instead.
+    """
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if os.statvfs(directory).f_flag & os.ST_RDONLY:
+        raise SafetensorsError(f"{path} is on a read-only file system: remount it read-write (or export on a host "
+                               "that mounts it so); nothing was changed")
+    if os.path.exists(path) and not os.path.islink(path) and not os.access(path, os.W_OK):
+        st = os.stat(path)
+        raise SafetensorsError(
+            f"{path} is not writable by this user (mode {st.st_mode & 0o7777:04o}, owner uid {st.st_uid}): "
+            "fix its permissions or run as its owner; nothing was changed"
+        )
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SafetensorsError(f"{directory} is not writable by this user (the journal and temporary files go there): "
+                               "fix its permissions or run as its owner; nothing was changed")
+
+
+# -- the lock ----------------------------------------------------------------------------------
+
+LOCK_NAME = ".eagle3-checkpoint.lock"
+
+
+class CheckpointLock:
+    """An exclusive advisory lock on one checkpoint directory, held by every run that writes in it.
+
+    ``fcntl.lockf`` (POSIX record locks) is forwarded to the server by NFSv4 and NFSv3 with lockd, so hosts that
+    mount one share exclude each other; the kernel drops the lock when its holder dies, so a killed run leaves
+    no stale lock. The lock file holds who has it (host, PID, since when) for the message others get; it is
+    removed on release, and a waiter that locked a file that was removed meanwhile tries again.
+    """
+
+    def __init__(self, directory: str, timeout: float = 300.0, what: str = "a checkpoint write") -> None:
+        self.directory = os.path.abspath(directory)
+        self.path = os.path.join(self.directory, LOCK_NAME)
+        self.timeout = timeout
+        self.what = what
+        self.fd: int | None = None
+        self.readonly = False  # the directory cannot be written here: no lock was taken
+
+    def _holder(self, fd: int) -> str:
+        try:
+            info = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
+        except (OSError, ValueError):
+            info = {}
+        if not isinstance(info, dict) or "host" not in info:
+            return "another run holds the lock"
+        return (f"another run ({info.get('what', 'a write')} by pid {info.get('pid')} on host {info.get('host')}) "
+                f"holds the lock since {info.get('since')}")
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        holder = "another run holds the lock"
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, _new_file_mode())
+            except OSError as exc:
+                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    # Nobody can write here through this mount or as this user, so nothing to serialise: a run
+                    # that finds nothing to do succeeds, and any write is refused by check_writable.
+                    self.readonly = True
+                    return
+                raise
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+                holder = self._holder(fd)
+                os.close(fd)
+                if time.monotonic() >= deadline:
+                    raise SafetensorsError(
+                        f"Cannot lock {self.directory}: {holder}, and did not release it within {self.timeout:g} s; "
+                        "wait for that run to finish (or stop it), or raise the lock timeout; nothing was changed"
+                    ) from None
+                time.sleep(0.1)
+                continue
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                os.close(fd)  # released and removed meanwhile: lock the new file
+                continue
+            mine = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            info = {"host": socket.gethostname(), "pid": os.getpid(), "what": self.what,
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())}  # fmt: skip
+            try:  # who holds it, for the message others get; the lock holds without it (a full disk, say)
+                os.ftruncate(fd, 0)
+                write_all(fd, json.dumps(info).encode("utf-8"), 0)
+            except OSError:
+                pass
+            self.fd = fd
+            _hook("locked")
+            return
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self.fd)  # closing drops the lock
+            self.fd = None
+
+    def __enter__(self) -> CheckpointLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class LockSet:
+    """Locks on several directories, taken in one order (their real paths sorted) so two runs cannot deadlock."""
+
+    def __init__(self, directories: list[str], timeout: float, what: str) -> None:
+        unique = sorted({os.path.realpath(d) for d in directories})
+        self.locks = [CheckpointLock(d, timeout, what) for d in unique]
+
+    def __enter__(self) -> LockSet:
+        taken: list[CheckpointLock] = []
+        try:
+            for lock in self.locks:
+                lock.acquire()
+                taken.append(lock)
+        except BaseException:
+            for lock in reversed(taken):
+                lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
+
+
+# -- the journal -------------------------------------------------------------------------------
+# Layout: MAGIC, file size (u64), header length L (u64), the L header bytes, their SHA-256. A journal whose
+# checksum does not match was cut short before it was fsynced, and so before the file was touched.
+
+
+def _journal_blob(header: Header) -> bytes:
+    body = struct.pack("<QQ", header.file_size, len(header.raw)) + header.raw
+    return JOURNAL_MAGIC + body + hashlib.sha256(JOURNAL_MAGIC + body).digest()
+
+
 def pending_journal(path: str) -> bytes | None:
     """The header bytes a valid journal of ``path`` would restore, or None (no journal, or a torn one).
 
     A torn journal (cut short before it was fsynced) means the file was not touched yet; recover() removes
-    it. A journal that does not match the file is an error, in check mode as in a real run.
+    it. A complete journal that does not match the file is an error, in check mode as in a real run.
     """
     jpath = journal_path(path)
     try:
@@ -364,10 +581,17 @@ def pending_journal(path: str) -> bytes | None:
             blob = fh.read()
     except FileNotFoundError:
         return None
-    if not blob.startswith(JOURNAL_MAGIC) or len(blob) < len(JOURNAL_MAGIC) + 16:
+    head = len(JOURNAL_MAGIC)
+    if blob.startswith(LEGACY_JOURNAL_MAGIC) and len(blob) >= head + 16:  # an earlier version's, no checksum
+        size, length = struct.unpack("<QQ", blob[head : head + 16])
+        saved = blob[head + 16 :]
+    elif not blob.startswith(JOURNAL_MAGIC) or len(blob) < head + 16 + 32:
         return None
-    size, length = struct.unpack("<QQ", blob[len(JOURNAL_MAGIC) : len(JOURNAL_MAGIC) + 16])
-    saved = blob[len(JOURNAL_MAGIC) + 16 :]
+    elif hashlib.sha256(blob[:-32]).digest() != blob[-32:]:
+        return None  # torn: written only partly, before it was fsynced, so before the file was touched
+    else:
+        size, length = struct.unpack("<QQ", blob[head : head + 16])
+        saved = blob[head + 16 : -32]
     if len(saved) != length or os.path.getsize(path) != size:
         raise SafetensorsError(
             f"{jpath} does not match {path}; inspect both, then remove the journal if the file loads"
@@ -390,7 +614,10 @@ def read_header_as_recovered(path: str) -> tuple[Header, bool]:
 
 
 def recover(path: str) -> bool:
-    """Roll back an interrupted in-place rewrite of ``path`` from its journal. True when it did."""
+    """Roll back an interrupted in-place rewrite of ``path`` from its journal. True when it did.
+
+    Call it with the checkpoint's lock held: a journal is only ever pending while no run holds the lock.
+    """
     jpath = journal_path(path)
     saved = pending_journal(path)
     if saved is None:
@@ -401,7 +628,7 @@ def recover(path: str) -> bool:
         return False
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.pwrite(fd, saved, 0)
+        write_all(fd, saved, 0)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -410,35 +637,75 @@ def recover(path: str) -> bool:
     return True
 
 
-def _crash_point(name: str) -> None:
-    """Test hook: EAGLE3_CRASH_AT=<name> kills the process at that point, to test crash safety."""
+def _hook(name: str) -> None:
+    """Test hooks at named points of a write, to test crash safety and force the order of concurrent runs.
+
+    EAGLE3_CRASH_AT=<name> kills the process there; EAGLE3_HOLD_AT=<name>:<gate> creates ``<gate>.reached`` and
+    waits (60 s at most) until ``<gate>`` exists.
+    """
     if os.environ.get("EAGLE3_CRASH_AT") == name:
         os.kill(os.getpid(), 9)
+    hold = os.environ.get("EAGLE3_HOLD_AT", "")
+    point, _sep, gate = hold.partition(":")
+    if point == name and gate:
+        with open(gate + ".reached", "w", encoding="utf-8") as fh:
+            fh.write(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _same_bytes(fd: int, expected: bytes, size: int) -> bool:
+    """The file open on ``fd`` still has this size and starts with these header bytes."""
+    return os.fstat(fd).st_size == size and os.pread(fd, len(expected), 0) == expected
+
+
+def validate_new_header(header: Header, new: bytes, data_size: int | None = None) -> None:
+    """Parse a header about to be written with the rules every read uses, before a byte of it is written."""
+    size = (len(new) + (header.file_size - header.data_start)) if data_size is None else len(new) + data_size
+    try:
+        parse_header_bytes(header.path, new[:8], new[8:], size)
+    except SafetensorsError as exc:
+        problem = str(exc).split(": ", 1)[-1]
+        raise SafetensorsError(f"the new header of {header.path} would not load ({problem}): fix the rules; "
+                               "nothing was changed") from None
 
 
 def write_in_place(header: Header, new: bytes) -> None:
-    """Replace the header bytes of ``header.path`` (same length) behind an fsynced journal."""
+    """Replace the header bytes of ``header.path`` (same length) behind an fsynced journal.
+
+    The journal is written whole and fsynced before the file is opened for writing; a journal that cannot be
+    written whole is removed and the file is left as it was. The file must still hold the header that was
+    read (the lock makes sure of it; the check catches writers that do not take it).
+    """
     if len(new) != len(header.raw):
         raise SafetensorsError(f"{header.path}: an in-place header must keep its length ({len(header.raw)} bytes)")
+    validate_new_header(header, new)
     jpath = journal_path(header.path)
-    blob = JOURNAL_MAGIC + struct.pack("<QQ", header.file_size, len(header.raw)) + header.raw
     fd = os.open(jpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, blob)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _fsync_dir(header.path)
-    _crash_point("journal-written")
+        try:
+            write_all(fd, _journal_blob(header), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(header.path)
+    except BaseException:
+        os.unlink(jpath)  # the file was not touched: a partial journal would only be in the way
+        raise
+    _hook("journal-written")
     written = False  # once a byte may have reached the file, only the journal can put it back
     try:
-        fd = os.open(header.path, os.O_WRONLY)
+        fd = os.open(header.path, os.O_RDWR)
         try:
+            if not _same_bytes(fd, header.raw, header.file_size):
+                raise SafetensorsError(f"{header.path} changed while it was being remapped (another writer that "
+                                       "does not take the checkpoint lock?): rerun once it is done")
             written = True
             half = len(new) // 2
-            os.pwrite(fd, new[:half], 0)
-            _crash_point("header-half-written")
-            os.pwrite(fd, new[half:], half)
+            write_all(fd, new[:half], 0)
+            _hook("header-half-written")
+            write_all(fd, new[half:], half)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -446,10 +713,10 @@ def write_in_place(header: Header, new: bytes) -> None:
         if written:
             recover(header.path)  # put the old header back before reporting the failure
         else:
-            os.unlink(jpath)  # nothing was written (the file could not be opened): the journal is moot
+            os.unlink(jpath)  # nothing was written: the journal is moot
             _fsync_dir(header.path)
         raise
-    _crash_point("header-written")
+    _hook("header-written")
     os.unlink(jpath)
     _fsync_dir(header.path)
 
@@ -485,31 +752,37 @@ def write_rewrite(
 
     ``copies`` lists (src_begin, dst_begin, length) data ranges; None copies the data section whole.
     ``dest`` defaults to the original path (an atomic replace); the original is untouched until the
-    new file has been fsynced and re-read.
+    new file has been fsynced and re-read. The new file gets the mode of the file it replaces, or, when
+    nothing is replaced, the mode an ordinary write gives (0666 less the umask).
     """
     target = dest or header.path
-    directory = os.path.dirname(os.path.abspath(target))
-    tmp = os.path.join(directory, f".{os.path.basename(target)}.tmp-{os.getpid()}")
     data_len = header.file_size - header.data_start
     if copies is None:
         copies = [(0, 0, data_len)] if data_len else []
+    validate_new_header(header, new, sum(ln for _s, _d, ln in copies))
+    tmp = temporary_path(target)
+    replaced = None if os.path.islink(target) else (os.stat(target) if os.path.exists(target) else None)
+    mode = replaced.st_mode & 0o7777 if replaced else _new_file_mode()
     src = os.open(header.path, os.O_RDONLY)
     try:
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        if not _same_bytes(src, header.raw, header.file_size):
+            raise SafetensorsError(f"{header.path} changed while it was being remapped (another writer that does "
+                                   "not take the checkpoint lock?): rerun once it is done")
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(dst, new)
+            os.fchmod(dst, mode)
+            if replaced is not None:
+                try:
+                    os.fchown(dst, replaced.st_uid, replaced.st_gid)
+                except PermissionError:
+                    pass
+            write_all(dst, new, 0)
             for s, d, ln in copies:
                 copy_range(src, dst, header.data_start + s, len(new) + d, ln)
-            _crash_point("rewrite-data-copied")
+            _hook("rewrite-data-copied")
             os.fsync(dst)
         finally:
             os.close(dst)
-        st = os.stat(header.path)
-        os.chmod(tmp, st.st_mode & 0o7777)
-        try:
-            os.chown(tmp, st.st_uid, st.st_gid)
-        except PermissionError:
-            pass
         read_header(tmp)  # prove the new file before it replaces anything
         os.rename(tmp, target)
         _fsync_dir(target)
@@ -546,22 +819,36 @@ def method_for(plan: Plan, dest: str | None = None) -> str:
     return "in_place" if _in_place_header(plan, dest) is not None else "rewrite"
 
 
-def apply(plan: Plan, dest: str | None = None) -> str:
-    """Carry out ``plan``: 'in_place' when the header fits, nothing is dropped and the path is no link."""
+def new_header_bytes(plan: Plan, dest: str | None = None) -> tuple[str, bytes, list[tuple[int, int, int]] | None]:
+    """(method, header bytes, data copies) of ``plan``, validated with the rules of every read, nothing written."""
     new = _in_place_header(plan, dest)
     if new is not None:
-        write_in_place(plan.header, new)
-        return "in_place"
+        validate_new_header(plan.header, new)
+        return "in_place", new, None
     compact = bool(plan.dropped)
     obj, copies = build_header(plan, compact)
-    return write_rewrite(plan.header, encode_header(obj), copies if compact else None, dest)
+    new = encode_header(obj)
+    data_len = plan.header.file_size - plan.header.data_start
+    validate_new_header(plan.header, new, sum(ln for _s, _d, ln in copies) if compact else data_len)
+    return "rewrite", new, copies if compact else None
+
+
+def apply(plan: Plan, dest: str | None = None) -> str:
+    """Carry out ``plan``: 'in_place' when the header fits, nothing is dropped and the path is no link."""
+    method, new, copies = new_header_bytes(plan, dest)
+    if method == "in_place":
+        write_in_place(plan.header, new)
+        return "in_place"
+    return write_rewrite(plan.header, new, copies, dest)
 
 
 # -- leftovers of killed runs ------------------------------------------------------------------
 
-# Temporary files of this module: ".NAME.tmp-PID" (rewrites, index writes) and "NAME.tmp-PID" (index
-# writes of earlier versions). Only files whose writer PID is gone are stale.
-_TMP_RE = re.compile(r"^(?:\.(?P<hidden>.+)|(?P<plain>.+))\.tmp-(?P<pid>\d+)$")
+# Temporary files of this module: ".NAME.tmp-HOST-PID-RANDOM" (this version), ".NAME.tmp-PID" and
+# "NAME.tmp-PID" (earlier versions, which took no lock).
+_TMP_RE = re.compile(
+    r"^(?:\.(?P<hidden>.+?)|(?P<plain>.+?))\.tmp-(?:(?P<pid>\d+)|(?P<host>[A-Za-z0-9_.]+)-(?P<hpid>\d+)-[0-9a-f]{8})$"
+)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -576,8 +863,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def stale_temporaries(paths: list[str]) -> list[str]:
-    """Temporary files beside ``paths`` left by runs of this module that were killed mid-write."""
+def stale_temporaries(paths: list[str], locked: bool = True) -> list[str]:
+    """Temporary files beside ``paths`` left by runs that were killed mid-write.
+
+    With the directory's lock held (``locked``), every temporary of this version is stale: a writer holds the
+    lock for as long as its temporary exists, on whichever host it runs. A name of an earlier version (PID only)
+    is stale when no process of that PID runs here. Without the lock (check mode) the same answer is predicted.
+    """
     wanted: dict[str, set[str]] = {}
     for path in paths:
         directory, base = os.path.split(os.path.abspath(path))
@@ -593,8 +885,14 @@ def stale_temporaries(paths: list[str]) -> list[str]:
             if not m or (m.group("hidden") or m.group("plain")) not in bases:
                 continue
             full = os.path.join(directory, entry)
-            if os.path.isfile(full) and not os.path.islink(full) and not _pid_alive(int(m.group("pid"))):
-                stale.append(full)
+            if not os.path.isfile(full) or os.path.islink(full):
+                continue
+            if m.group("pid") is not None:
+                if _pid_alive(int(m.group("pid"))):
+                    continue
+            elif not locked and m.group("host") == host_tag() and _pid_alive(int(m.group("hpid"))):
+                continue
+            stale.append(full)
     return stale
 
 
@@ -615,12 +913,53 @@ def read_index(path: str) -> dict[str, Any]:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    head, tail = os.path.split(path)
-    tmp = os.path.join(head, f".{tail}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, ensure_ascii=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write JSON to a temporary beside ``path``, fsync, rename over it: complete or absent, never partial.
+
+    The temporary is removed on every error; the file keeps the mode of the one it replaces (a new one gets
+    0666 less the umask).
+    """
+    tmp = temporary_path(path)
+    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    mode = _mode_for(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.fchmod(fd, mode)
+            write_all(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     _fsync_dir(path)
+
+
+def copy_file_atomic(src: str, dest: str) -> None:
+    """Copy ``src`` to ``dest`` through a temporary beside it: complete or absent, the temporary never left."""
+    tmp = temporary_path(dest)
+    mode = _mode_for(dest)
+    try:
+        with open(src, "rb") as fin:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.fchmod(fd, mode)
+                offset = 0
+                while chunk := fin.read(1 << 20):
+                    write_all(fd, chunk, offset)
+                    offset += len(chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(dest)

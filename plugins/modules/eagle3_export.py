@@ -29,6 +29,11 @@ description:
     would be silently dropped, before anything is written.
   - The speculators original stays loadable, in place too, since its C(config.json) and weights are kept under
     C(speculators/) (the weights as a hard link; the export writes a new file).
+  - Writers of one draft are serialised, across hosts that mount one share too (C(deploy.yml) exports on every
+    server into the one shared draft path). A real run holds the checkpoint lock of O(src) and O(dest) (the one
+    C(eagle3.ops.safetensors_remap) takes, taken in one order) and reads the checkpoint only once it holds them;
+    the second run then finds the draft up to date and changes nothing. New files get the mode an ordinary
+    write gives (0666 less the umask); replaced ones keep theirs.
 version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
@@ -54,6 +59,10 @@ options:
   max_draft_layers:
     description: How many draft decoder layers the SGLang in use can load, when it differs from its line's rule.
     type: int
+  lock_timeout:
+    description: Seconds to wait for another run writing O(src) or O(dest) (on any host sharing them) before failing.
+    type: float
+    default: 300
 extends_documentation_fragment:
   - eagle3.ops.attributes
 attributes:
@@ -122,7 +131,6 @@ server_args:
 
 import json
 import os
-import shutil
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
@@ -136,13 +144,17 @@ from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import (
     sglang_line,
 )
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
+    LockSet,
     Plan,
     SafetensorsError,
     build_header,
+    check_writable,
+    copy_file_atomic,
     encode_header,
     plan,
     read_header,
     recover,
+    stale_temporaries,
     write_json_atomic,
     write_rewrite,
 )
@@ -198,6 +210,7 @@ ARGUMENT_SPEC = {
     },
     "sglang_version": {"type": "str", "default": "legacy"},
     "max_draft_layers": {"type": "int"},
+    "lock_timeout": {"type": "float", "default": 300},
 }
 
 
@@ -220,6 +233,29 @@ class DraftExporter:
         self.line = sglang_line(None)
 
     def run(self) -> None:
+        """Export under the locks of src and dest (check mode: no lock, nothing written)."""
+        if self.p["lock_timeout"] < 0:
+            raise ExportError(f"lock_timeout must be 0 or more seconds, not {self.p['lock_timeout']}")
+        if self.module.check_mode or not os.path.isdir(self.src):
+            self.export()
+            return
+        created = not os.path.isdir(self.dest)
+        os.makedirs(self.dest, exist_ok=True)
+        try:
+            with LockSet([self.src, self.dest], self.p["lock_timeout"], "eagle3_export"):
+                for stale in stale_temporaries([self.weights, os.path.join(self.dest, WEIGHTS),
+                                                os.path.join(self.dest, "config.json")]):  # fmt: skip
+                    os.unlink(stale)
+                self.export()
+        except BaseException:
+            if created:
+                try:
+                    os.rmdir(self.dest)  # only while it is still empty: what this run made, nothing else
+                except OSError:
+                    pass
+            raise
+
+    def export(self) -> None:
         self.line = sglang_line(self.p["sglang_version"])
         self.result["sglang_line"] = self.line.name
         if self.p["max_draft_layers"] is not None and self.p["max_draft_layers"] < 1:
@@ -316,10 +352,12 @@ class DraftExporter:
 
     def write(self, sg: dict, header, pl: Plan) -> None:
         obj, copies = build_header(pl, compact=bool(pl.dropped))
+        check_writable(os.path.join(self.dest, WEIGHTS))
+        check_writable(os.path.join(self.dest, "config.json"))
         if self.in_place:
             keep = os.path.join(self.src, ORIGINAL_DIR)
             os.makedirs(keep, exist_ok=True)
-            shutil.copy2(os.path.join(self.src, "config.json"), os.path.join(keep, "config.json"))
+            copy_file_atomic(os.path.join(self.src, "config.json"), os.path.join(keep, "config.json"))
             kept_weights = os.path.join(keep, WEIGHTS)
             if os.path.exists(kept_weights):
                 os.unlink(kept_weights)

@@ -21,9 +21,19 @@ description:
   - Works on a single file, a directory, or a sharded checkpoint (C(model.safetensors.index.json) and its
     shards). The index's C(weight_map) converges on every run to the tensors the shards hold, whatever an
     earlier, interrupted run left behind; a failure part-way says which files were rewritten and which not.
-  - Temporary files of runs that were killed mid-write (C(.NAME.tmp-PID) whose PID is gone) are removed
-    before writing and reported; check mode predicts the recovery of a pending journal exactly as a real
-    run would carry it out.
+  - Runs on one checkpoint are serialised, from one host or from several that mount one share (NFS). A real run
+    holds an advisory lock on the checkpoint's directory (C(fcntl) record locks, which NFS forwards to its
+    server; the file C(.eagle3-checkpoint.lock) names the holder and is removed on release) and reads the
+    headers it rewrites only once it holds it. A run that cannot get the lock within O(lock_timeout) fails
+    naming the run that holds it and since when, and changes nothing. C(eagle3.ops.eagle3_export) takes the same
+    lock. Check mode takes no lock and writes nothing.
+  - Every byte range is written whole or the run fails before the original is touched (a full disk leaves the
+    file as it was and no journal behind). Temporary files are named C(.NAME.tmp-HOST-PID-RANDOM), unique
+    across containers that share a directory; those of killed runs are removed under the lock and reported.
+    Check mode predicts the recovery of a pending journal exactly as a real run would carry it out.
+  - The renamed header is validated with the same rules as every read (no reserved name such as
+    C(__metadata__), spans, dtypes) before either write path writes a byte. A file this user could not write
+    is refused on both paths. A replaced file keeps its mode and owner; a new file gets 0666 less the umask.
   - A path that is a symbolic link (a Hugging Face cache entry pointing into its blobs) is replaced by a
     regular file holding the result; the file it pointed to is left unchanged. Both write paths do this.
 version_added: "0.1.0"
@@ -62,6 +72,12 @@ options:
     type: list
     elements: str
     default: []
+  lock_timeout:
+    description:
+      - Seconds to wait for another run (on this host or another one sharing the directory) to release the
+        checkpoint's lock before failing.
+    type: float
+    default: 300
 extends_documentation_fragment:
   - eagle3.ops.attributes
 attributes:
@@ -119,11 +135,11 @@ index_changes:
   type: dict
   sample: {renamed: 10, added: [], removed: []}
 removed_temporaries:
-  description: Temporary files of killed runs (C(.NAME.tmp-PID) with a dead PID) removed before writing.
+  description: Temporary files of killed runs (C(.NAME.tmp-HOST-PID-RANDOM)) removed under the lock before writing.
   returned: always
   type: list
   elements: str
-  sample: [/srv/d/.model.safetensors.tmp-4121]
+  sample: [/srv/d/.model.safetensors.tmp-trainer1-4121-5f0c2a9e]
 """
 
 import os
@@ -133,10 +149,13 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     INDEX_NAME,
+    CheckpointLock,
     Plan,
     SafetensorsError,
     apply,
+    check_writable,
     method_for,
+    new_header_bytes,
     plan,
     plan_names,
     read_header,
@@ -178,6 +197,13 @@ class Progress:
     def __init__(self) -> None:
         self.rewritten: list[str] = []
         self.index_written = False
+        self.recovered: list[str] = []
+        self.removed: list[str] = []
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything on disk changed so far."""
+        return bool(self.rewritten or self.index_written or self.recovered or self.removed)
 
 
 class SafetensorsRemapper:
@@ -195,14 +221,28 @@ class SafetensorsRemapper:
         self.progress = Progress()
 
     def fail(self, msg: str) -> None:
+        if not self.check:
+            self.result["changed"] = self.progress.changed  # what happened on disk before the failure
         self.module.fail_json(msg=msg, **self.result)
 
     def validate(self) -> None:
         for r in self.params["rules"]:
             if not r["from"]:
                 self.fail("A rule's 'from' is empty, which would rename every tensor: give a prefix.")
+        if self.params["lock_timeout"] < 0:
+            self.fail(f"lock_timeout must be 0 or more seconds, not {self.params['lock_timeout']}.")
 
     def run(self) -> None:
+        """Plan and write under the checkpoint directory's lock (check mode: no lock, nothing written)."""
+        path = self.params["path"]
+        if self.check or not os.path.exists(path):
+            self.remap()
+            return
+        directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        with CheckpointLock(directory, self.params["lock_timeout"], "safetensors_remap"):
+            self.remap()
+
+    def remap(self) -> None:
         index_path, files = find_targets(self.params["path"])
         self.result["index"] = index_path
         self.clean_temporaries([*files, *([index_path] if index_path else [])])
@@ -215,6 +255,12 @@ class SafetensorsRemapper:
             self.fail(f"{self.params['path']} lacks the required tensors {', '.join(missing)} (after renaming): "
                       "check the rules or the checkpoint.")
         index_obj = self.converge_index(index_path, plans) if index_path else None
+        for pl in plans:
+            if pl.changed:
+                new_header_bytes(pl)  # the renamed header passes every read's rules, on both write paths
+                check_writable(pl.header.path)
+        if index_path and index_obj is not None:
+            check_writable(index_path)
         self.report_plans(plans, recovered)
         if not self.check:
             self.write(plans, index_path, index_obj)
@@ -231,10 +277,11 @@ class SafetensorsRemapper:
             }
 
     def clean_temporaries(self, paths: list[str]) -> None:
-        stale = stale_temporaries(paths)
+        stale = stale_temporaries(paths, locked=not self.check)
         if not self.check:
             for path in stale:
                 os.unlink(path)
+                self.progress.removed.append(path)
         self.result["removed_temporaries"] = stale
 
     def headers(self, files: list[str]) -> tuple[list, dict[str, bool]]:
@@ -245,6 +292,8 @@ class SafetensorsRemapper:
                 header, recovered[f] = read_header_as_recovered(f)
             else:
                 recovered[f] = recover(f)
+                if recovered[f]:
+                    self.progress.recovered.append(f)
                 header = read_header(f)
             headers.append(header)
         return headers, recovered
@@ -324,6 +373,7 @@ def main() -> None:
             },
             "drop": {"type": "list", "elements": "str", "default": []},
             "require": {"type": "list", "elements": "str", "default": []},
+            "lock_timeout": {"type": "float", "default": 300},
         },
         supports_check_mode=True,
     )

@@ -33,6 +33,7 @@ for epoch in range(start, args.epochs + 1):
         fh.flush()
         time.sleep(float(os.environ.get("FAKE_EPOCH_SECONDS", "0")))
         fh.write(b"\0" * 8)
+    os.chmod(os.path.join(d, "model.safetensors"), 0o600)  # as safetensors 0.8 leaves it (written via a tempfile)
     acc = min(0.9, 0.3 + 0.1 * epoch)
     files = {
         "config.json": {"speculators_model_type": "eagle3"},

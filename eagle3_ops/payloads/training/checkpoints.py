@@ -80,3 +80,28 @@ def set_partial_aside(save_dir: str) -> list[str]:
             os.rename(e.path, target)
             moved.append(target)
     return moved
+
+
+def readable_weights(save_dir: str) -> list[str]:
+    """Give every epoch's weights the mode an ordinary write gives (0666 less the umask); returns what changed.
+
+    safetensors 0.8 writes model.safetensors through a temporary file, so speculators' checkpoints (and so
+    checkpoint_best) come out 0600 beside 0644 configs: a server that runs as a service user, or reads the share
+    with root squashed, could not load them. Only files with no group/other bits are widened.
+    """
+    mask = os.umask(0)
+    os.umask(mask)
+    mode = 0o666 & ~mask
+    changed = []
+    if not os.path.isdir(save_dir):
+        return changed
+    for entry in sorted(os.listdir(save_dir)):
+        path = os.path.join(save_dir, entry, "model.safetensors")
+        try:
+            st_mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            continue
+        if st_mode & 0o077 == 0 and st_mode != mode:
+            os.chmod(path, mode)
+            changed.append(path)
+    return changed

@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             attempt["log_tail"] = tail[-2000:]
         checkpoints.st.write_json_atomic(os.path.join(args.state, "attempts.json"), attempts)
         if attempt["cause"] == "completed":
+            for path in checkpoints.readable_weights(args.save_dir):
+                log(f"made {path} readable as its config.json is (safetensors wrote it 0600)")
             result = metrics.collect(args.save_dir)
             result.update(total_seq_len=total, attempts=len(attempts))
             checkpoints.st.write_json_atomic(os.path.join(args.state, "result.json"), result)

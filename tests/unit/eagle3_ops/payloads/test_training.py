@@ -99,6 +99,11 @@ def test_oom_backs_off_down_the_ladder_and_records_each_attempt(tmp_path):
     result = json.loads((tmp_path / "state" / "result.json").read_text())
     assert result["total_seq_len"] == 16384 and result["best_epoch"] == 3
     assert result["tau"] == pytest.approx(1 + 0.6 + 0.36 + 0.216)
+    # The weights are as readable as the configs beside them (the trainer left them 0600).
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.stat().st_mode & 0o777 for p in (tmp_path / "save").glob("*/model.safetensors")}
+    assert modes == {0o666 & ~mask}
     # A restart does not retry the budgets that ran out of memory.
     proc = launcher(tmp_path, 32768, {"FAKE_OOM_ABOVE": "16384"})
     proc.communicate(timeout=60)

@@ -57,6 +57,23 @@ def nvidia_smi_csv(text: str, fields: list[str] | str) -> list[dict[str, Any]]:
     return rows
 
 
+def gpu_process_line(entry: dict[str, Any]) -> str:
+    """One line for a process gpu_cleanup stops or spares: PID, GPUs, MiB, command, why."""
+    gpus = entry.get("gpus") or []
+    where = f"GPU {','.join(map(str, gpus))}" if gpus else "no GPU"
+    mib = f" {entry['memory_mib']} MiB" if entry.get("memory_mib") else ""
+    role = f" [{entry['role']}]" if entry.get("role") else ""
+    cmd = str(entry.get("cmdline") or "")[:80]
+    return f"pid {entry.get('pid')}{role} {where}{mib}: {cmd} -- {entry.get('reason') or entry.get('why') or ''}".rstrip()
+
+
+def gpu_unit_line(entry: dict[str, Any]) -> str:
+    """One line for a systemd unit gpu_cleanup stops or leaves running, with its restart policy and why."""
+    restart = f" (Restart={entry['restart']})" if entry.get("restart") else ""
+    return f"{entry.get('action')} {entry.get('unit')}{restart}: {entry.get('why')}"
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"nvidia_smi_csv": nvidia_smi_csv}
+        return {"nvidia_smi_csv": nvidia_smi_csv, "gpu_process_line": gpu_process_line,
+                "gpu_unit_line": gpu_unit_line}  # fmt: skip

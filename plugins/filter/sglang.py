@@ -18,15 +18,18 @@ name: sglang_speculative_args
 short_description: SGLang EAGLE-3 arguments from draft_tokens (chain) or topk/steps (tree), validated
 description:
   - Chain mode (topk unset or 1) uses topk 1 and steps = draft_tokens - 1, which is what SGLang forces for chains.
-  - Tree mode needs topk > 1 and steps, and draft_tokens between 2 and topk * steps + 1.
+  - Tree mode needs topk > 1 and steps, and draft_tokens between 2 and topk + (steps - 1) * topk^2 + 1 - SGLang
+    0.5.23 drafts topk candidates at the first step and topk^2 at each later one, and verifies the best
+    draft_tokens - 1 of them plus the root (C(organize_draft_results); one more fails at draft time with
+    "selected index k out of range").
   - Raises a one-sentence error naming the bad value before anything is started.
 positional: draft_tokens
 options:
   draft_tokens: {description: Tokens verified per step (the draft's proposals plus one)., type: raw, required: true}
   topk: {description: Branching per step (tree mode when above 1)., type: raw}
   steps: {description: Drafting depth (required in tree mode)., type: raw}
-  max_draft_tokens: {description: Upper bound for draft_tokens., type: int, default: 64}
-  context_length: {description: The draft's max_position_embeddings; steps must stay below it., type: int}
+  max_draft_tokens: {description: Upper bound for draft_tokens (an integer or its digits)., type: raw, default: 64}
+  context_length: {description: The draft's max_position_embeddings; steps must stay below it., type: raw}
 """
 
 
@@ -49,9 +52,20 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
     return value
 
 
-def sglang_speculative_args(draft_tokens: Any, topk: Any = None, steps: Any = None, max_draft_tokens: int = 64,
-                            context_length: int | None = None) -> dict[str, Any]:  # fmt: skip
-    tokens = _int("draft_tokens", draft_tokens, 2, max_draft_tokens)
+def tree_limit(topk: int, steps: int) -> int:
+    """The most draft tokens SGLang 0.5.23 verifies for a tree: the root plus every candidate drafted.
+
+    ``select_top_k_tokens`` keeps topk candidates at the first step and topk * topk at each later one;
+    ``organize_draft_results`` takes the best ``num_draft_tokens - 1`` of them with ``torch.topk``, which fails
+    past that count ("selected index k out of range"). topk 4, steps 3: 4 + 2 * 16 + 1 = 37.
+    """
+    return topk + (steps - 1) * topk * topk + 1
+
+
+def sglang_speculative_args(draft_tokens: Any, topk: Any = None, steps: Any = None, max_draft_tokens: Any = 64,
+                            context_length: Any = None) -> dict[str, Any]:  # fmt: skip
+    cap = _int("max_draft_tokens", max_draft_tokens, 2)
+    tokens = _int("draft_tokens", draft_tokens, 2, cap)
     k = 1 if topk in (None, "") else _int("speculative topk", topk, 1)
     s = None if steps in (None, "") else _int("speculative steps", steps, 1)
     if k == 1:
@@ -64,13 +78,13 @@ def sglang_speculative_args(draft_tokens: Any, topk: Any = None, steps: Any = No
     else:
         if s is None:
             raise AnsibleFilterError(f"tree drafting (topk {k}) needs steps as well: set both topk and steps")
-        if tokens > k * s + 1:
+        if tokens > tree_limit(k, s):
             raise AnsibleFilterError(
-                f"draft_tokens {tokens} exceeds what a tree of topk {k} and {s} steps proposes ({k * s + 1}); "
-                "lower draft_tokens or raise topk/steps"
+                f"draft_tokens {tokens} exceeds what a tree of topk {k} and {s} steps drafts for SGLang to verify "
+                f"({k} + {s - 1}*{k}*{k} + 1 = {tree_limit(k, s)}); lower draft_tokens or raise topk/steps"
             )
         mode = "tree"
-    if context_length is not None and s >= int(context_length):
+    if context_length not in (None, "") and s >= _int("context_length", context_length, 1):
         raise AnsibleFilterError(f"{s} draft steps do not fit the draft's context of {context_length} positions")
     argv = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(s), "--speculative-eagle-topk", str(k),
             "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
@@ -79,7 +93,7 @@ def sglang_speculative_args(draft_tokens: Any, topk: Any = None, steps: Any = No
 
 
 def sglang_speculative_problem(draft_tokens: Any, topk: Any = None, steps: Any = None,
-                               max_draft_tokens: int = 64) -> str:
+                               max_draft_tokens: Any = 64) -> str:
     """Why these speculative values are refused, as one sentence, or "" when they are valid.
 
     For an assert's fail_msg: validation then fails with the sentence alone, not inside a templating error.

@@ -207,9 +207,24 @@ def person_session(p: Proc) -> str | None:
             return f"interactive shell ({p.cmdline[:60]})"
         if not operand and not command and (p.stdin_tty or login):
             return f"interactive shell reading a terminal ({p.cmdline[:60]})"
-    if p.pid == p.sid and p.tty_nr != 0:
+        if operand or command:
+            # `bash -c 'while …'` or `bash train.sh`, a pane's own command included: it runs the job and ends
+            # with it, so it is the job (a restart loop, a launcher), not a person's shell.
+            return None
+    if p.pid == p.sid and p.tty_nr != 0 and _reads_a_person(p):
         return f"session leader of a terminal ({p.cmdline[:60] or p.comm}): a multiplexer pane or login session"
     return None
+
+
+def _reads_a_person(p: Proc) -> bool:
+    """A terminal's session leader that is not a shell: a person's when it takes no program to run (a REPL such as
+    ``python3`` or ``ipython`` on the terminal, a login program), a job's when it names one (``python3 train.py``,
+    ``python3 -m pkg``, ``python3 -c …``: a pane's own command that ends with the job)."""
+    words = p.argv[1:]
+    if not words:
+        return True
+    runs = {"-c", "-m"}
+    return not any(w in runs or not w.startswith("-") for w in words)
 
 
 def ancestors(pid: int, procs: dict[int, Proc]) -> list[int]:
@@ -220,6 +235,44 @@ def ancestors(pid: int, procs: dict[int, Proc]) -> list[int]:
         out.append(pid)
         pid = procs[pid].ppid
     return out
+
+
+# -- systemd units -----------------------------------------------------------------------------
+
+
+def unit_of(pid: int, proc: str = "/proc") -> str | None:
+    """The systemd service a process runs in, from /proc/PID/cgroup (cgroup v2 ``0::/system.slice/X.service``;
+    the v1 ``name=systemd`` hierarchy otherwise). Inside a container the path is relative to the container's own
+    cgroup, which is what its systemd names. None for scopes (sessions) and processes outside any service."""
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    paths = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+    paths += [line.split(":", 2)[2] for line in lines if ":name=systemd:" in line]
+    for path in paths:
+        services = [part for part in path.split("/") if part.endswith(".service")]
+        if services:
+            return services[-1]
+    return None
+
+
+def unit_facts(unit: str, systemctl: str = "systemctl") -> dict[str, Any] | None:
+    """MainPID, Restart and ActiveState of a unit (``systemctl show``), or None when systemctl cannot tell."""
+    try:
+        out = subprocess.run([systemctl, "show", unit, "-p", "MainPID", "-p", "Restart", "-p", "ActiveState"],
+                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    facts: dict[str, Any] = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    try:
+        facts["MainPID"] = int(facts.get("MainPID") or 0)
+    except ValueError:
+        facts["MainPID"] = 0
+    return facts
 
 
 # -- nvidia-smi --------------------------------------------------------------------------------
@@ -279,6 +332,11 @@ class Selection:
     reasons: dict[int, str] = field(default_factory=dict)  # why each spared holder or ancestor is spared
     observers: list[Proc] = field(default_factory=list)  # holders with no compute context, spared
     spared_ancestors: list[Proc] = field(default_factory=list)  # shells/sessions above a job, never signalled
+    chain: list[Proc] = field(default_factory=list)  # job processes between a root and its holders (restart loops)
+
+    def job_pids(self) -> set[int]:
+        """Every process of the selected jobs: roots, the chain below them, holders."""
+        return {p.pid for p in [*self.roots, *self.chain, *self.holders]}
 
     def untouchable(self) -> set[int]:
         """PIDs no signal may reach, even through a process group."""
@@ -365,10 +423,11 @@ def select(
         reasons[p.pid] = reason
     keep = {p.pid for p in spared} | {p.pid for p in watching}
     roots: dict[int, Proc] = {}
+    chain: dict[int, Proc] = {}
     sessions: dict[int, Proc] = {}
     selected_pids = {p.pid for p in holders}
     for h in holders:
-        root = None
+        path: list[Proc] = []  # the job's processes above this holder, nearest first; the last is its root
         for pid in ancestors(h.ppid, procs):
             a = procs[pid]
             if a.pid in protected or a.comm in SUPERVISORS or a.name in SUPERVISORS or excluded(a):
@@ -380,17 +439,23 @@ def select(
                 sessions[a.pid] = a
                 reasons[a.pid] = why
                 break
-            root = a
-        if root is not None and root.pid not in selected_pids:
-            roots[root.pid] = root
+            path.append(a)
+        if path and path[-1].pid not in selected_pids:
+            roots[path[-1].pid] = path[-1]
+        # Everything between the root and the holder is the job too: a loop there (`while true; do python
+        # train.py; done`) would start the holder again once the root and the holder are gone.
+        for a in path[:-1]:
+            if a.pid not in selected_pids:
+                chain[a.pid] = a
     # An agent whose job also holds GPUs we keep (another GPU, allow-listed) would take those down with it
-    # when it stops: leave such an agent alone and stop only the selected holders.
-    for pid in list(roots):
-        if any(pid in ancestors(s.ppid, procs) for s in [*spared, *watching]):
-            del roots[pid]
+    # when it stops: leave such an agent (or loop) alone and stop only the selected holders.
+    for found in (roots, chain):
+        for pid in list(found):
+            if any(pid in ancestors(s.ppid, procs) for s in [*spared, *watching]):
+                del found[pid]
     return Selection(
         holders, sorted(roots.values(), key=lambda p: p.pid), spared, protected, reasons, watching,
-        sorted(sessions.values(), key=lambda p: p.pid),
+        sorted(sessions.values(), key=lambda p: p.pid), sorted(chain.values(), key=lambda p: p.pid),
     )  # fmt: skip
 
 
@@ -441,10 +506,13 @@ def _group_is_safe(pgid: int, procs: dict[int, Proc], sel: Selection) -> bool:
 
 
 def terminate(sel: Selection, procs: dict[int, Proc], proc: str = "/proc") -> list[int]:
-    """SIGTERM the job roots, then each holder's process group (or the holder alone). Returns pids signalled."""
+    """SIGTERM the job roots, the chain below them, then each holder's process group (or the holder alone).
+
+    Top down, so nothing that is still running can start again what was just stopped. Returns pids signalled.
+    """
     signalled: list[int] = []
     groups_done: set[int] = set()
-    for p in [*sel.roots, *sel.holders]:
+    for p in [*sel.roots, *sel.chain, *sel.holders]:
         if not same_process(p, proc):
             continue
         if p.pgid not in groups_done and p.pgid == p.pid and _group_is_safe(p.pgid, procs, sel):

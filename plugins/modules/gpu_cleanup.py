@@ -10,10 +10,14 @@ short_description: Free GPUs by stopping exactly the processes that hold them, g
 description:
   - Finds GPU holders from C(/proc/*/fd) links to C(/dev/nvidia*) (works in any PID namespace), joined
     with C(nvidia-smi --query-compute-apps) for memory where its PIDs map.
-  - Stops them with a ladder, optionally stopping a systemd unit first, then SIGTERM to each job's root
-    (a torchrun-like agent, so it cannot restart workers) and to each holder's process group, C(grace)
-    seconds, then SIGKILL to whatever selected process is left, inherited-fd orphans included, after
-    checking its PID was not reused.
+  - Stops them with a ladder, stopping the systemd units that run the jobs first (O(stop_unit), C(auto) finds
+    them from the holders' cgroups), then SIGTERM to each job's root (a torchrun-like agent, so it cannot restart
+    workers), to every process between the root and the holders (a C(while true; do python train.py; done) loop
+    would start them again) and to each holder's process group, C(grace) seconds, then SIGKILL to whatever
+    selected process is left, inherited-fd orphans included, after checking its PID was not reused. A holder the
+    job's own processes start again during the wait is stopped too.
+  - Check mode, and the result of every run, list each process that is (or would be) stopped in RV(targets) with
+    its PID, command, GPUs, MiB and why, and each unit in RV(units).
   - Never touches processes that hold no GPU (unless O(include_non_gpu)), allow-listed daemons
     (nvidia-persistenced, nv-hostengine, dcgm-exporter, Xorg), or the module's own process tree.
   - A job's root is never a person's session. An interactive or login shell, a terminal multiplexer pane or a
@@ -58,7 +62,12 @@ options:
     type: bool
     default: false
   stop_unit:
-    description: A systemd unit to stop first (the supervised training job), so it is not restarted.
+    description:
+      - A systemd unit to stop first (the supervised training job), so it is not restarted.
+      - C(auto) stops every service unit that runs a selected job, read from the holders' C(/proc/PID/cgroup),
+        whose main process is part of that job (the holder, its root or the chain between them); a unit whose
+        main process is not (C(ssh.service) above a job started from a login, C(cron.service)) is named in
+        RV(units) and left running.
     type: str
   grace:
     description: Seconds between SIGTERM and SIGKILL.
@@ -154,6 +163,23 @@ spared_ancestors:
   type: list
   elements: dict
   sample: [{pid: 311, cmdline: bash -i, reason: "interactive shell (bash -i)"}]
+targets:
+  description:
+    - Every process stopped (check mode, that would be stopped), top down, with C(pid), C(cmdline), C(gpus),
+      C(memory_mib), C(role) (root, chain or holder) and C(reason).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 311, cmdline: "bash -c while true; do python train.py; done", gpus: [], role: chain,
+            reason: "runs between the job root and a holder: a loop there would start it again"}]
+units:
+  description:
+    - The systemd services the selected jobs run in, with C(unit), C(main_pid), C(restart), C(action) (C(stop),
+      C(stopped), C(leave)) and C(why).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{unit: train.service, main_pid: 120, restart: always, action: stopped, why: "its main process is the job"}]
 holders_after:
   description: Who holds the busy selected GPUs after the ladder, when memory stayed in use (C(new) marks a restart).
   returned: when the GPUs are not free
@@ -212,6 +238,8 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     select,
     state_word,
     terminate,
+    unit_facts,
+    unit_of,
     wait_gone,
 )
 
@@ -243,8 +271,9 @@ class GpuCleanup:
         self.result: dict[str, Any] = {
             "changed": False, "holders": [], "roots": [], "spared": [], "observers": [], "spared_ancestors": [],
             "signalled": [], "killed": [], "survivors": [], "gpus_before": [], "gpus_after": [], "freed_mib": 0,
-            "unit_stopped": False,
+            "unit_stopped": False, "targets": [], "units": [],
         }  # fmt: skip
+        self.stop_units: list[str] = []
         self.wanted: set[int] | None = None
 
     def fail(self, msg: str) -> None:
@@ -277,16 +306,46 @@ class GpuCleanup:
                      include_observers=self.p["include_observers"], gpu_used=used,
                      free_threshold_mib=self.p["free_threshold_mib"])
         self.report_selection(sel)
-        if not sel.holders and not self.p["stop_unit"]:
+        explicit = self.p["stop_unit"] not in (None, "", "auto")
+        if not sel.holders and not explicit:
             self.result["gpus_after"] = self.result["gpus_before"]
             return
+        self.plan_units(sel, procs)
         self.guard(sel)
         if self.module.check_mode:
-            self.result["changed"] = bool(sel.holders)
-            self.result["signalled"] = sorted({q.pid for q in [*sel.roots, *sel.holders]})
+            self.result["changed"] = bool(sel.holders) or any(u["action"] == "stop" for u in self.result["units"])
+            self.result["signalled"] = sorted(sel.job_pids())
             return
         targets = self.ladder(sel, procs)
         self.verify(sel, procs, targets, before)
+
+    def plan_units(self, sel: Selection, procs: dict[int, Proc]) -> None:
+        """Which systemd units to stop first: the one named, or (auto) every service whose main process is the job."""
+        wanted = self.p["stop_unit"]
+        if wanted not in (None, "", "auto"):
+            self.stop_units = [wanted]
+            self.result["units"] = [{"unit": wanted, "main_pid": None, "restart": None, "action": "stop",
+                                     "why": "named by stop_unit"}]  # fmt: skip
+            return
+        job = sel.job_pids()
+        found = sorted({u for u in (unit_of(q.pid) for q in [*sel.roots, *sel.chain, *sel.holders]) if u})
+        for unit in found:
+            facts = unit_facts(unit) or {}
+            main = facts.get("MainPID", 0)
+            entry = {"unit": unit, "main_pid": main or None, "restart": facts.get("Restart")}
+            if not facts:
+                entry.update(action="leave", why="systemctl could not tell its main process")
+            elif main in job:
+                why = "its main process is the job" + (f" (pid {main})" if main else "")
+                if wanted == "auto":
+                    entry.update(action="stop", why=why)
+                    self.stop_units.append(unit)
+                else:
+                    entry.update(action="leave", why=f"{why}, but stop_unit is not set (auto would stop it)")
+            else:
+                cmd = procs[main].cmdline[:60] if main in procs else "not running"
+                entry.update(action="leave", why=f"its main process (pid {main}: {cmd}) is not part of the job")
+            self.result["units"].append(entry)
 
     def report_selection(self, sel: Selection) -> None:
         self.result["holders"] = [h.describe() for h in sel.holders]
@@ -294,6 +353,15 @@ class GpuCleanup:
         self.result["spared"] = [s.describe(sel.reasons.get(s.pid)) for s in sel.spared]
         self.result["observers"] = [o.describe(sel.reasons.get(o.pid)) for o in sel.observers]
         self.result["spared_ancestors"] = [a.describe(sel.reasons.get(a.pid)) for a in sel.spared_ancestors]
+        targets = [{**r.describe("job root: stopped first, so it cannot restart its workers"), "role": "root"}
+                   for r in sel.roots]  # fmt: skip
+        targets += [{**c.describe("runs between the job root and a holder: a loop there would start it again"),
+                     "role": "chain"} for c in sel.chain]  # fmt: skip
+        for h in sel.holders:
+            held = f"GPU {', '.join(map(str, sorted(h.gpus)))}" if h.gpus else "nvidiactl/nvidia-uvm"
+            mib = f", {h.memory_mib} MiB" if h.memory_mib else ""
+            targets.append({**h.describe(f"holds {held}{mib}"), "role": "holder"})
+        self.result["targets"] = targets
 
     def guard(self, sel: Selection) -> None:
         """Refuse while the final checkpoint is missing or incomplete (the job may still be writing it)."""
@@ -305,7 +373,7 @@ class GpuCleanup:
                       "writing its last checkpoint, so wait for it or set force: true.")
 
     def stop_unit(self, unit: str) -> bool:
-        """systemctl stop UNIT; True when it was active."""
+        """systemctl stop UNIT (which stops its restarts too); True when it was active."""
         active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
         if not active:
             return False
@@ -317,14 +385,28 @@ class GpuCleanup:
 
     def ladder(self, sel: Selection, procs: dict[int, Proc]) -> list[Proc]:
         """Unit, then SIGTERM to roots and holders' groups, grace, SIGKILL what is left."""
-        if self.p["stop_unit"]:
-            self.result["unit_stopped"] = self.stop_unit(self.p["stop_unit"])
-        targets = [*sel.roots, *sel.holders]
+        for unit in self.stop_units:
+            stopped = self.stop_unit(unit)
+            self.result["unit_stopped"] |= stopped
+            for entry in self.result["units"]:
+                if entry["unit"] == unit:
+                    entry["action"] = "stopped" if stopped else "inactive"
+        targets = [*sel.roots, *sel.chain, *sel.holders]
         self.result["signalled"] = sorted(terminate(sel, procs))
         left = wait_gone(targets, self.p["grace"])
         self.result["killed"] = sorted(kill(left))
         self.result["changed"] = bool(self.result["signalled"] or self.result["killed"] or self.result["unit_stopped"])
         return targets
+
+    def restarted_by_job(self, targets: list[Proc]) -> list[Proc]:
+        """New holders of the selected GPUs that a process of the job started (a loop's last turn): killed too."""
+        job = {q.pid for q in targets}
+        seen = {(q.pid, q.starttime) for q in targets}
+        fresh = [q for q in scan(dev_dir=self.p["device_dir"]).values()
+                 if q.holds_gpu and (q.pid, q.starttime) not in seen and q.ppid in job
+                 and (self.wanted is None or not q.gpus or q.gpus & self.wanted)]  # fmt: skip
+        self.result["killed"] = sorted({*self.result["killed"], *kill(fresh)})
+        return fresh
 
     def busy(self, after: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         return [g for g in after or []
@@ -346,6 +428,8 @@ class GpuCleanup:
                 break
             if survivors:
                 kill(survivors)  # a holder that came back from SIGSTOP or was mid-fork
+            elif busy:
+                targets += self.restarted_by_job(targets)
             time.sleep(0.2)
         self.result["gpus_after"] = after or []
         selected = [g for g in before or [] if self.wanted is None or g["index"] in self.wanted]
@@ -365,6 +449,7 @@ class GpuCleanup:
         first_seen = {(q.pid, q.starttime) for q in procs.values()}
         spared = {q.pid: sel.reasons.get(q.pid, "spared") for q in [*sel.spared, *sel.observers]}
         holders_after, parts, restarted, stuck = [], [], False, any(q.state in ("D", "Z") for q in survivors)
+        units: set[str] = set()
         for q in sorted(now.values(), key=lambda q: q.pid):
             if not (q.gpus & busy_idx or (q.control and not q.gpus and busy_idx)) or q.pid in sel.protected:
                 continue
@@ -375,6 +460,12 @@ class GpuCleanup:
                 restarted = True
                 parent = now.get(q.ppid)
                 by = f"pid {q.ppid} ({parent.cmdline[:60]})" if parent else f"pid {q.ppid}"
+                unit = unit_of(q.pid)
+                if unit:
+                    facts = unit_facts(unit) or {}
+                    by += f" for the unit {unit} (Restart={facts.get('Restart', '?')})"
+                    units.add(unit)
+                    entry["unit"] = unit
                 parts.append(f"pid {q.pid} is new since the scan, started by {by}: a restart")
             elif q.pid in spared:
                 parts.append(f"pid {q.pid} was spared ({spared[q.pid]})")
@@ -385,7 +476,11 @@ class GpuCleanup:
         self.result["holders_after"] = holders_after
         gpus = ", ".join(f"GPU {g['index']} uses {g['memory_used']} MiB" for g in busy)
         waited = f"{self.p['grace'] + self.p['timeout']:.0f} s"
-        if restarted:
+        if units:
+            names = ", ".join(sorted(units))
+            fix = (f"systemd restarts it: stop {names} first (stop_unit: {sorted(units)[0]}, or stop_unit: auto) "
+                   "and run again")
+        elif restarted:
             fix = "stop what restarts the job (its supervisor or unit: stop_unit, or widen match) and run again"
         elif stuck:
             fix = ("processes in D state or zombies wait on the driver, so check dmesg and, if they persist, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.conftest import LAB_PORT, lab_workload, pct, recap, run_playbook, smi, stop_marked
@@ -75,3 +77,63 @@ def test_an_exporter_in_the_container_is_spared_as_an_observer(clean_lab):
     assert pct("exec", "129", "--", "kill", "-0", str(job["observer"]), check=False).returncode == 0
     assert "spared: observers=1" in proc.stdout
     pct("exec", "129", "--", "kill", str(job["observer"]))
+
+
+def flat(text: str) -> str:
+    """Output with the callback's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def _unit_state(vmid: int, unit: str) -> str:
+    return pct("exec", str(vmid), "--", "systemctl", "is-active", unit, check=False).stdout.strip()
+
+
+def test_a_job_under_a_unit_that_restarts_it_is_stopped_with_its_unit(clean_lab):
+    unit = f"eagle3-trial-{MARKER[0][:8]}.service"
+    pct("exec", "129", "--", "systemd-run", f"--unit={unit}", "-p", "Restart=always", "-p", "RestartSec=300ms",
+        f"--setenv=EAGLE3_TEST_JOB={MARKER[0]}", "lab-workload", "--foreground", "--gpus", "0", "--mib", "30000",
+        "--dataloader-workers", "1")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while memory(129)[0] < 30000:
+            assert time.monotonic() < deadline, "the unit's job never took its GPU"
+            time.sleep(0.2)
+        # Check mode names the unit and every process it would stop, and stops nothing.
+        check = run_playbook("cleanup.yml", "--check", "-l", "trainers", "-e", "gpu_cleanup_grace=1")
+        assert f"stop {unit} (Restart=always): its main process is the job" in flat(check.stdout)
+        assert "[holder] GPU 0 30000 MiB" in check.stdout and "[root] no GPU" in check.stdout
+        assert memory(129)[0] >= 30000 and _unit_state(129, unit) == "active"
+        # Without stopping units, killing the job only makes systemd start it again: the run fails naming the unit.
+        kept = run_playbook("cleanup.yml", "-l", "trainers", "-e", "gpu_cleanup_grace=1", "-e", "gpu_cleanup_timeout=4",
+                            "-e", "gpu_cleanup_stop_unit=''", check=False)  # fmt: skip
+        assert kept.returncode != 0
+        assert f"for the unit {unit} (Restart=always): a restart" in flat(kept.stdout)
+        assert "stop_unit: auto" in flat(kept.stdout)
+        assert "ct129: FAILED" in kept.stdout
+        # The default (auto) stops the unit first, then whatever is left, and verifies.
+        proc = run_playbook("cleanup.yml", "-l", "trainers", "-e", "gpu_cleanup_grace=1")
+        assert f"units={unit}" in flat(proc.stdout)
+        time.sleep(1.5)  # longer than RestartSec: nothing comes back
+        assert max(memory(129)) < 100
+        assert _unit_state(129, unit) in ("inactive", "failed", "unknown")
+    finally:
+        pct("exec", "129", "--", "systemctl", "stop", unit, check=False)
+        pct("exec", "129", "--", "systemctl", "reset-failed", unit, check=False)
+
+
+def test_a_restart_loop_that_is_a_tmux_panes_command_is_the_job(clean_lab):
+    loop = (f"while true; do env EAGLE3_TEST_JOB={MARKER[0]} lab-workload --foreground --gpus 1 --mib 20000 "
+            "--dataloader-workers 0; done")
+    session = f"trial{MARKER[0][:8]}"
+    pct("exec", "129", "--", "tmux", "new-session", "-d", "-s", session, "bash", "-c", loop)
+    try:
+        deadline = time.monotonic() + 30
+        while memory(129)[1] < 20000:
+            assert time.monotonic() < deadline, "the pane's job never took its GPU"
+            time.sleep(0.2)
+        proc = run_playbook("cleanup.yml", "-l", "trainers", "-e", "gpu_cleanup_grace=1")
+        assert "ct129: holders=1" in proc.stdout
+        time.sleep(1.0)
+        assert max(memory(129)) < 100
+    finally:
+        pct("exec", "129", "--", "tmux", "kill-session", "-t", session, check=False)

@@ -44,18 +44,23 @@ def judge(*args: str) -> tuple[int, dict]:
 
 
 # (draft_tokens, topk, steps) as a user passes them: -e draft_tokens=N [-e speculative_topk=K -e speculative_steps=S]
+# Trees at SGLang's limit, topk + (steps - 1) * topk^2 + 1: the last setting that runs and the first that fails at
+# draft time, for several topk/steps (SGLang's documented example, steps 3 / topk 4 / 16, among them).
+BOUNDARY = [(37, 4, 3), (38, 4, 3), (11, 2, 3), (12, 2, 3), (13, 3, 2), (14, 3, 2), (19, 2, 5), (20, 2, 5),
+            (6, 5, 1), (7, 5, 1), (21, 4, 2), (22, 4, 2)]  # fmt: skip
 TABLE = [
     (2, None, None), (4, None, None), (5, 1, 4), (16, None, None), (16, 1, 15), (64, None, None),  # chains
-    (8, 4, 3), (8, 4, 5), (2, 2, 2), (21, 4, 5), (25, 8, 3),  # trees, the last two at k * s + 1
-    (16, 1, 3), (4, 1, 2), (1, None, None), (0, None, None), (65, None, None), (22, 4, 5), (26, 8, 3),
+    (8, 4, 3), (8, 4, 5), (2, 2, 2), (16, 4, 3), (21, 4, 5), (22, 4, 5), (26, 8, 3), (64, 8, 3),  # trees
+    *BOUNDARY,
+    (16, 1, 3), (4, 1, 2), (1, None, None), (0, None, None), (65, None, None), (65, 8, 3), (69, 4, 5),
     (8, 4, None), (8, 0, 3), (-3, None, None),
 ]  # fmt: skip
 # Refused by the filter although SGLang 0.5.23 runs them, and why the filter is right to refuse.
 STRICTER = {
     (1, None, None): "one draft token is a chain of zero steps: no speculation at all",
     (65, None, None): "above sglang_serve_max_draft_tokens (64), the project's cap on verify width",
-    (22, 4, 5): "more draft tokens than a tree of topk 4 and 5 steps proposes (21); SGLang pads the verify",
-    (26, 8, 3): "more draft tokens than a tree of topk 8 and 3 steps proposes (25)",
+    (65, 8, 3): "above sglang_serve_max_draft_tokens (64), the project's cap on verify width",
+    (69, 4, 5): "above sglang_serve_max_draft_tokens (64), the project's cap on verify width",
     (8, 4, None): "a tree needs its step count stated; SGLang would pick one the user did not ask for",
     (8, 0, 3): "topk 0 drafts nothing; SGLang accepts the value",
     (0, None, None): "zero draft tokens (steps -1): SGLang accepts the values as given",
@@ -126,7 +131,19 @@ def test_the_filter_and_sglang_agree(row, verdicts):
         assert row in STRICTER, f"the filter refuses {row} ({problem}) but SGLang runs it unchanged"
     else:
         # SGLang would rewrite or refuse: the filter's refusal is the one the user sees, before anything changes.
-        assert raw["stage"] in ("compare", "resolve", "parse")
+        assert raw["stage"] in ("compare", "resolve", "parse", "draft")
+
+
+@pytest.mark.parametrize(("last", "first"), list(zip(BOUNDARY[::2], BOUNDARY[1::2], strict=True)),
+                         ids=[f"topk{r[1]}-steps{r[2]}" for r in BOUNDARY[::2]])  # fmt: skip
+def test_the_tree_limit_is_sglangs_own_boundary(last, first, verdicts):
+    # SGLang runs the last valid setting as asked and fails the next one at draft time; the filter agrees on both.
+    assert verdicts[f"raw {last}"]["ok"], verdicts[f"raw {last}"].get("error")
+    assert verdicts[f"filter {last}"]["ok"]
+    failed = verdicts[f"raw {first}"]
+    assert not failed["ok"] and failed["stage"] == "draft" and "selected index k out of range" in failed["error"]
+    assert "exceeds what a tree of topk" in _filter.sglang_speculative_problem(*first)
+    assert _filter.tree_limit(last[1], last[2]) == last[0]
 
 
 def test_sglang_names_what_it_would_rewrite(verdicts):

@@ -101,7 +101,51 @@ def judge_args(argv: list[str]) -> dict[str, Any]:
         result["error"] = "; ".join(
             f"{d['field'].replace('_', '-')} {d['asked']} would run as {d['resolved']}" for d in differences
         )
+        return result
+    topk, steps, tokens = (resolved.get(f) for f in ("speculative_eagle_topk", "speculative_num_steps",
+                                                     "speculative_num_draft_tokens"))  # fmt: skip
+    if str(resolved.get("speculative_algorithm", "")).upper() in ("EAGLE", "EAGLE3") and topk and topk > 1:
+        problem = judge_tree(int(topk), int(steps), int(tokens))
+        if problem:
+            result.update(ok=False, stage="draft", error=problem)
     return result
+
+
+def judge_tree(topk: int, steps: int, num_draft_tokens: int) -> str | None:
+    """Run SGLang's own tree drafting on one sequence: why it fails at draft time, or None when it runs.
+
+    The draft worker's loop (``EAGLEWorkerV2.draft_forward``) without a model: each step's candidates from
+    ``select_top_k_tokens`` (topk at the first step, topk * topk after), then ``organize_draft_results``, which
+    picks the best ``num_draft_tokens - 1`` of them for the verify. Random distributions stand in for the draft's
+    logits; the shapes, which decide the outcome, are SGLang's.
+    """
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # SGLang compiles a step function; eager computes the same
+    import torch
+    from sglang.srt.speculative.eagle_utils import organize_draft_results
+    from sglang.srt.speculative.spec_utils import select_top_k_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = max(64, 4 * topk)
+
+    def proposals(rows: int) -> tuple[Any, Any]:
+        return torch.topk(torch.softmax(torch.randn(rows, vocab, generator=gen), -1), topk, dim=-1)
+
+    topk_p, topk_index = proposals(1)
+    hidden = scores = None
+    score_list, token_list, parents_list = [], [], []
+    try:
+        for i in range(steps):
+            input_ids, hidden, scores, tree_info = select_top_k_tokens(i, topk_p, topk_index, hidden, scores, topk)
+            score_list.append(tree_info[0])
+            token_list.append(tree_info[1])
+            parents_list.append(tree_info[2])
+            if i == steps - 1:
+                break
+            topk_p, topk_index = proposals(input_ids.shape[0])
+        organize_draft_results(score_list, token_list, parents_list, num_draft_tokens)
+    except (RuntimeError, IndexError, ValueError) as exc:
+        return f"drafting fails: {type(exc).__name__}: {exc}"
+    return None
 
 
 def cmd_args(ns: argparse.Namespace) -> int:

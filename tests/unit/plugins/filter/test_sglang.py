@@ -10,7 +10,7 @@ from ansible.errors import AnsibleFilterError
 from tests.modules import ROOT
 
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
-from sglang import bench_point, sglang_speculative_args
+from sglang import bench_point, sglang_speculative_args, sglang_speculative_problem, tree_limit
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,8 @@ def test_derivation(draft_tokens, topk, steps, expected):
         ([16], None, None, "must be an integer"),
         (16, 4, None, "needs steps as well"),
         (16, None, 4, "steps 4 contradicts draft_tokens 16"),
-        (16, 2, 3, "exceeds what a tree of topk 2 and 3 steps proposes (7)"),
+        (12, 2, 3, "exceeds what a tree of topk 2 and 3 steps drafts for SGLang to verify (2 + 2*2*2 + 1 = 11)"),
+        (38, 4, 3, "(4 + 2*4*4 + 1 = 37)"),
         (16, 0, None, "speculative topk is 0"),
         (16, 2, 0, "speculative steps is 0"),
     ],
@@ -69,6 +70,19 @@ def test_limits_from_the_draft():
     assert sglang_speculative_args(32, max_draft_tokens=32)["num_steps"] == 31
     with pytest.raises(AnsibleFilterError, match="between 2 and 8"):
         sglang_speculative_args(9, max_draft_tokens=8)
+    # As -e gives them: strings of digits count, anything else is one sentence naming the option.
+    assert sglang_speculative_args("16", "4", "3", max_draft_tokens="64", context_length="2048")["mode"] == "tree"
+    for option, value in (("max_draft_tokens", "lots"), ("context_length", "2k"), ("max_draft_tokens", None)):
+        with pytest.raises(AnsibleFilterError, match=f"^{option} must be an integer"):
+            sglang_speculative_args(16, **{option: value})
+    assert "max_draft_tokens must be an integer" in sglang_speculative_problem(16, max_draft_tokens="x")
+
+
+def test_sglangs_documented_tree_runs_and_the_limit_grows_with_topk_squared():
+    # SGLang's docs: --speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 16.
+    assert sglang_speculative_args(16, 4, 3)["argv"][-1] == "16"
+    assert [tree_limit(k, s) for k, s in ((4, 3), (2, 3), (8, 3), (4, 5), (5, 1))] == [37, 11, 137, 69, 6]
+    assert sglang_speculative_args(37, 4, 3)["num_draft_tokens"] == 37
 
 
 def test_bench_point_labels_and_fields():

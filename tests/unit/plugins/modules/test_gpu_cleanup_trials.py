@@ -233,8 +233,15 @@ def _proc(pid: int, argv: list[str], *, sid: int | None = None, tty: int = 0, st
         (["bash", "-lc", "torchrun train.py"], {"sid": 7}, None),
         (["bash", "-o", "pipefail", "run.sh"], {"sid": 7, "stdin_tty": True}, None),
         (["bash"], {"sid": 7}, None),  # reads a pipe: `ssh host bash < script`, a job
-        (["python3", "train.py"], {"tty": 34816}, "session leader of a terminal"),  # a pane's own command
+        (["python3", "train.py"], {"tty": 34816}, None),  # a pane's own command that names a program: the job
+        (["python3", "-m", "speculators.train"], {"tty": 34816}, None),
+        (["python3"], {"tty": 34816, "stdin_tty": True}, "session leader of a terminal"),  # a REPL in a pane
+        (["ipython", "--no-banner"], {"tty": 34816, "stdin_tty": True}, "session leader of a terminal"),
         (["python3", "train.py"], {"sid": 7, "tty": 34816}, None),
+        # A pane (or screen window) whose own command is a restart loop: not interactive, not a login shell.
+        (["bash", "-c", "while true; do python train.py; done"], {"tty": 34816, "stdin_tty": True}, None),
+        (["sh", "-c", "until python train.py; do sleep 1; done"], {"tty": 34816, "stdin_tty": True}, None),
+        (["bash", "run-forever.sh"], {"tty": 34816, "stdin_tty": True}, None),
     ],
 )
 def test_person_sessions_come_from_kernel_facts(argv, kw, expected):
@@ -242,3 +249,70 @@ def test_person_sessions_come_from_kernel_facts(argv, kw, expected):
 
     why = person_session(_proc(100, argv, **kw))
     assert (why is None) if expected is None else (why is not None and why.startswith(expected)), why
+
+
+LOOP = "while true; do {job}; done"
+
+
+def _worker(gpu: int = 0, mib: int = 6000) -> str:
+    return (f"{sys.executable} {NVEMU} workload --role worker --gpu {gpu} --mib {mib} --dataloader-workers 0 "
+            "--tag trial-loop")
+
+
+@pytest.mark.parametrize("loop_in_own_session", [True, False], ids=["loop-own-session", "loop-same-group"])
+def test_a_restart_loop_between_a_launcher_and_the_holder_is_stopped_too(gpus, capsys, tmp_path, loop_in_own_session):
+    # launcher -> bash -c 'while true; do python worker; done' -> holder: the launcher and the holder alone are not
+    # enough, the loop in between would start the holder again.
+    loop = LOOP.format(job=_worker())
+    setsid = "setsid " if loop_in_own_session else ""
+    launcher = tmp_path / "launch.sh"
+    launcher.write_text(f"#!/bin/bash\n{setsid}bash -c '{loop}' &\nwait\n")
+    launcher.chmod(0o755)
+    proc = subprocess.Popen(["bash", str(launcher)], start_new_session=True, env=os.environ.copy())
+    gpus["started"].append(proc.pid)
+    _wait_used([6003, 3, 3, 3])
+    checked = cleanup(gpus, capsys, check=True, grace=1, timeout=6)
+    roles = {t["role"] for t in checked["targets"]}
+    assert roles == {"root", "chain", "holder"}, checked["targets"]
+    chain = [t for t in checked["targets"] if t["role"] == "chain"]
+    assert len(chain) == 1 and chain[0]["cmdline"].startswith("bash -c while true")
+    assert "loop there would start it again" in chain[0]["reason"]
+    assert used() == [6003, 3, 3, 3]  # check mode stopped nothing
+    res = cleanup(gpus, capsys, grace=1, timeout=6)
+    assert not res.get("failed"), res.get("msg")
+    assert chain[0]["pid"] in res["signalled"] + res["killed"]
+    time.sleep(1.0)
+    assert used() == [3, 3, 3, 3], "the loop started the holder again"
+    assert _pids_of("trial-loop") == []
+
+
+def test_a_restart_loop_that_ignores_sigterm_is_killed_and_its_last_holder_too(gpus, capsys, tmp_path):
+    loop = f"trap '' TERM; {LOOP.format(job=_worker())}"
+    proc = subprocess.Popen(["bash", "-c", f"setsid bash -c \"{loop}\" & wait"], start_new_session=True,
+                            env=os.environ.copy())  # fmt: skip
+    gpus["started"].append(proc.pid)
+    _wait_used([6003, 3, 3, 3])
+    res = cleanup(gpus, capsys, grace=1, timeout=8)
+    assert not res.get("failed"), res.get("msg")
+    time.sleep(1.0)
+    assert used() == [3, 3, 3, 3]
+    assert _pids_of("trial-loop") == []
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+def test_a_tmux_pane_whose_command_is_a_restart_loop_is_the_job(gpus, capsys, tmp_path):
+    socket = str(tmp_path / "tmux.sock")
+    env = {**_env(), "TMUX": ""}
+    subprocess.run(["tmux", "-S", socket, "-f", "/dev/null", "new-session", "-d", "-x", "200", "-y", "50",
+                    "bash", "-c", LOOP.format(job=_worker())], env=env, check=True)  # fmt: skip
+    try:
+        pane = int(subprocess.run(["tmux", "-S", socket, "display", "-p", "#{pane_pid}"], capture_output=True,
+                                  text=True, check=True).stdout)
+        _wait_used([6003, 3, 3, 3])
+        res = cleanup(gpus, capsys, grace=1, timeout=6)
+        assert not res.get("failed"), res.get("msg")
+        assert [r["pid"] for r in res["roots"]] == [pane] and res["spared_ancestors"] == []
+        time.sleep(1.0)
+        assert used() == [3, 3, 3, 3] and not alive(pane)
+    finally:
+        subprocess.run(["tmux", "-S", socket, "kill-server"], check=False)

@@ -64,7 +64,8 @@ def gpu_process_line(entry: dict[str, Any]) -> str:
     mib = f" {entry['memory_mib']} MiB" if entry.get("memory_mib") else ""
     role = f" [{entry['role']}]" if entry.get("role") else ""
     cmd = str(entry.get("cmdline") or "")[:80]
-    return f"pid {entry.get('pid')}{role} {where}{mib}: {cmd} -- {entry.get('reason') or entry.get('why') or ''}".rstrip()
+    why = entry.get("reason") or entry.get("why") or ""
+    return f"pid {entry.get('pid')}{role} {where}{mib}: {cmd} -- {why}".rstrip()
 
 
 def gpu_unit_line(entry: dict[str, Any]) -> str:

@@ -102,10 +102,10 @@ def judge_args(argv: list[str]) -> dict[str, Any]:
             f"{d['field'].replace('_', '-')} {d['asked']} would run as {d['resolved']}" for d in differences
         )
         return result
-    topk, steps, tokens = (resolved.get(f) for f in ("speculative_eagle_topk", "speculative_num_steps",
-                                                     "speculative_num_draft_tokens"))  # fmt: skip
-    if str(resolved.get("speculative_algorithm", "")).upper() in ("EAGLE", "EAGLE3") and topk and topk > 1:
-        problem = judge_tree(int(topk), int(steps), int(tokens))
+    topk, steps, tokens = (int(resolved.get(f) or 0) for f in ("speculative_eagle_topk", "speculative_num_steps",
+                                                               "speculative_num_draft_tokens"))  # fmt: skip
+    if str(resolved.get("speculative_algorithm", "")).upper() in ("EAGLE", "EAGLE3") and topk > 1 and steps > 0:
+        problem = judge_tree(topk, steps, tokens)
         if problem:
             result.update(ok=False, stage="draft", error=problem)
     return result

@@ -92,7 +92,7 @@ def readable_weights(save_dir: str) -> list[str]:
     mask = os.umask(0)
     os.umask(mask)
     mode = 0o666 & ~mask
-    changed = []
+    changed: list[str] = []
     if not os.path.isdir(save_dir):
         return changed
     for entry in sorted(os.listdir(save_dir)):

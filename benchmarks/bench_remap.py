@@ -80,7 +80,7 @@ def build(path: Path) -> int:
 
 
 HARNESS = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
 sys.path.insert(0, {utils!r})
 mode, path, out = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "naive":
@@ -93,22 +93,29 @@ if mode == "naive":
     save_file(renamed, out, metadata={{"format": "pt"}})
     elapsed = time.perf_counter() - start
 else:
+    import contextlib
     import _safetensors as codec
     start = time.perf_counter()
-    plan = codec.plan(codec.read_header(path), [("layers.0.", "midlayer.")], [])
-    if mode == "in_place":
-        method = codec.apply(plan)
-        assert method == "in_place", method
-    else:
-        obj, _ = codec.build_header(plan, compact=False)
-        codec.write_rewrite(plan.header, codec.encode_header(obj), None, dest=out)
+    # As the modules run it: under the checkpoint directory's lock (when this codec has one), offsets read inside.
+    lock = getattr(codec, "CheckpointLock", None)
+    with lock(os.path.dirname(path)) if lock else contextlib.nullcontext():
+        plan = codec.plan(codec.read_header(path), [("layers.0.", "midlayer.")], [])
+        if mode == "in_place":
+            method = codec.apply(plan)
+            assert method == "in_place", method
+        else:
+            obj, _ = codec.build_header(plan, compact=False)
+            codec.write_rewrite(plan.header, codec.encode_header(obj), None, dest=out)
     elapsed = time.perf_counter() - start
 print(json.dumps({{"seconds": elapsed, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
 """
 
 
+CODEC_DIR = [str(ROOT / "plugins" / "module_utils")]
+
+
 def run_child(mode: str, path: Path, out: Path) -> dict[str, float]:
-    code = HARNESS.format(utils=str(ROOT / "plugins" / "module_utils"))
+    code = HARNESS.format(utils=CODEC_DIR[0])
     proc = subprocess.run(
         [sys.executable, "-c", code, mode, str(path), str(out)], capture_output=True, text=True, check=False
     )
@@ -137,7 +144,10 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp/eagle3-bench-remap")  # noqa: S108 -- a benchmark scratch dir
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="runs per method (median reported)")
+    ap.add_argument("--codec-dir", default=CODEC_DIR[0],
+                    help="directory of the _safetensors.py to measure (another release's, to compare)")
     args = ap.parse_args()
+    CODEC_DIR[0] = args.codec_dir
     work = Path(args.dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

@@ -65,5 +65,6 @@ if ! cmp -s "$sglang_lock" .venv-sglang/.installed-lock; then
   .venv-sglang/bin/python -m pip install -q --no-deps -r "$sglang_lock"
   cp "$sglang_lock" .venv-sglang/.installed-lock
 fi
-echo "bootstrap: ready (.venv with $(.venv/bin/ansible --version | head -1); .venv-sglang with sglang" \
+# sed, not head: head closes the pipe early and ansible then prints a "Broken pipe" traceback on reruns.
+echo "bootstrap: ready (.venv with $(.venv/bin/ansible --version 2>/dev/null | sed -n 1p); .venv-sglang with sglang" \
   "$(.venv-sglang/bin/python -c 'from importlib.metadata import version; print(version("sglang"))'))"

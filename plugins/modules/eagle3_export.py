@@ -271,7 +271,7 @@ class DraftExporter:
         self.check_compatible(src_conf)
         sg, header, pl, pairs = self.plan(src_conf)
         current = self.up_to_date(sg, pairs)
-        self.result["changed"] = True
+        self.result["changed"] = self.module.check_mode  # a real run says what reached the disk (write())
         if self.module._diff:
             self.result["diff"] = {
                 "before": json.dumps(current if current is not None else src_conf, indent=2, sort_keys=True) + "\n",
@@ -358,6 +358,7 @@ class DraftExporter:
             keep = os.path.join(self.src, ORIGINAL_DIR)
             os.makedirs(keep, exist_ok=True)
             copy_file_atomic(os.path.join(self.src, "config.json"), os.path.join(keep, "config.json"))
+            self.result["changed"] = True  # from here on, a failure part-way has changed something
             kept_weights = os.path.join(keep, WEIGHTS)
             if os.path.exists(kept_weights):
                 os.unlink(kept_weights)
@@ -366,6 +367,7 @@ class DraftExporter:
         else:
             os.makedirs(self.dest, exist_ok=True)
         write_rewrite(header, encode_header(obj), copies if pl.dropped else None, dest=os.path.join(self.dest, WEIGHTS))
+        self.result["changed"] = True
         write_json_atomic(os.path.join(self.dest, "config.json"), sg)
         final = read_header(os.path.join(self.dest, WEIGHTS))
         problems = check_tensors(sg, {t.name: t.shape for t in final.tensors}, self.line)
@@ -383,8 +385,9 @@ def main() -> None:
     except (ExportError, SafetensorsError) as exc:
         module.fail_json(msg=str(exc), **exporter.result)
     except OSError as exc:
-        module.fail_json(msg=f"Writing the draft to {exc.filename or exporter.dest} failed ({exc.strerror}): free "
-                         "space or fix permissions.", **exporter.result)  # fmt: skip
+        state = "part of the draft was written" if exporter.result["changed"] else "nothing was changed"
+        module.fail_json(msg=f"Writing the draft to {exc.filename or exporter.dest} failed ({exc.strerror}); {state}: "
+                         "free space or fix permissions, then rerun, which converges.", **exporter.result)  # fmt: skip
     except Exception as exc:
         module.fail_json(msg=f"eagle3_export failed unexpectedly: {exc}", exception=traceback.format_exc(),
                          **exporter.result)

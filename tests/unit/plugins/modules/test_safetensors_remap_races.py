@@ -373,3 +373,40 @@ def test_a_file_the_user_cannot_write_is_refused_on_both_paths(args):
     finally:
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_failed_export_says_what_reached_the_disk(tmp_path, capsys, monkeypatch):
+    epoch = tmp_path / "checkpoint_best"
+    epoch.mkdir()
+    save_file(drafter_tensors(), str(epoch / "model.safetensors"))
+    (epoch / "config.json").write_text(json.dumps(speculators_config()))
+    args = {"src": str(epoch), "dest": str(tmp_path / "draft"), "sglang_version": "0.5.23"}
+    run_module("eagle3_export", {**args, "dest": str(tmp_path / "warm")}, capsys=capsys)  # loads the module
+    codec_mod = sys.modules["ansible_collections.eagle3.ops.plugins.module_utils._safetensors"]
+    real = codec_mod.write_all
+
+    def full_after(limit: int):
+        calls = []
+
+        def write_all(fd: int, data: bytes, offset: int) -> None:
+            calls.append(len(data))
+            if len(calls) > limit:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(fd, data, offset)
+
+        return write_all
+
+    # Full before the weights: nothing reached the disk, and no directory is left behind.
+    monkeypatch.setattr(codec_mod, "write_all", full_after(2))  # the two locks' notes fit, the weights do not
+    res = run_module("eagle3_export", args, capsys=capsys)
+    assert res["failed"] and res["changed"] is False and "nothing was changed" in res["msg"], res["msg"]
+    assert not (tmp_path / "draft").exists()
+    # Full after the weights: the weights changed on disk, so the run says so; a rerun converges.
+    monkeypatch.setattr(codec_mod, "write_all", full_after(3))  # ... and the weights' header, not the config
+    res = run_module("eagle3_export", args, capsys=capsys)
+    assert res["failed"] and res["changed"] is True and "part of the draft was written" in res["msg"], res["msg"]
+    assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == ["model.safetensors"]
+    monkeypatch.undo()
+    again = run_module("eagle3_export", args, capsys=capsys)
+    assert again["changed"] is True and not again.get("failed")
+    assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == ["config.json", "model.safetensors"]

@@ -99,9 +99,9 @@ def readable_weights(save_dir: str) -> list[str]:
         path = os.path.join(save_dir, entry, "model.safetensors")
         try:
             st_mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
+            if st_mode & 0o077 == 0 and st_mode != mode:
+                os.chmod(path, mode)
+                changed.append(path)
+        except OSError:  # no weights there (a file beside the epochs, a partial epoch), or not ours to change
             continue
-        if st_mode & 0o077 == 0 and st_mode != mode:
-            os.chmod(path, mode)
-            changed.append(path)
     return changed

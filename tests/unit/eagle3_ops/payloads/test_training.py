@@ -104,6 +104,11 @@ def test_oom_backs_off_down_the_ladder_and_records_each_attempt(tmp_path):
     os.umask(mask)
     modes = {p.stat().st_mode & 0o777 for p in (tmp_path / "save").glob("*/model.safetensors")}
     assert modes == {0o666 & ~mask}
+    # Files and links beside the epochs (speculators keeps checkpoint_best as a link, logs as files) are fine.
+    (tmp_path / "save" / "notes.txt").write_text("x")
+    (tmp_path / "save" / "checkpoint_best").symlink_to("3")
+    os.chmod(tmp_path / "save" / "3" / "model.safetensors", 0o600)
+    assert checkpoints.readable_weights(str(tmp_path / "save")) == [str(tmp_path / "save" / "3" / "model.safetensors")]
     # A restart does not retry the budgets that ran out of memory.
     proc = launcher(tmp_path, 32768, {"FAKE_OOM_ABOVE": "16384"})
     proc.communicate(timeout=60)

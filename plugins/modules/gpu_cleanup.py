@@ -323,9 +323,14 @@ class GpuCleanup:
         """Which systemd units to stop first: the one named, or (auto) every service whose main process is the job."""
         wanted = self.p["stop_unit"]
         if wanted not in (None, "", "auto"):
-            self.stop_units = [wanted]
-            self.result["units"] = [{"unit": wanted, "main_pid": None, "restart": None, "action": "stop",
-                                     "why": "named by stop_unit"}]  # fmt: skip
+            try:
+                active = subprocess.run(["systemctl", "is-active", "--quiet", wanted], check=False).returncode == 0
+            except OSError:  # no systemd here: nothing to stop
+                active = False
+            self.stop_units = [wanted] if active else []
+            self.result["units"] = [{"unit": wanted, "main_pid": None, "restart": None,
+                                     "action": "stop" if active else "inactive",
+                                     "why": "named by stop_unit" + ("" if active else ", not running")}]  # fmt: skip
             return
         job = sel.job_pids()
         found = sorted({u for u in (unit_of(q.pid) for q in [*sel.roots, *sel.chain, *sel.holders]) if u})

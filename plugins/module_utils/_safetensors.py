@@ -35,6 +35,7 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -400,7 +401,7 @@ def write_all(fd: int, data: bytes, offset: int) -> None:
         done += n
 
 
-def _new_file_mode() -> int:
+def new_file_mode() -> int:
     """The mode an ordinary write gives a new file: 0666 less the umask."""
     mask = os.umask(0)
     os.umask(mask)
@@ -412,7 +413,7 @@ def _mode_for(target: str) -> int:
     try:
         return os.stat(target).st_mode & 0o7777
     except FileNotFoundError:
-        return _new_file_mode()
+        return new_file_mode()
 
 
 def check_writable(path: str) -> None:
@@ -473,7 +474,7 @@ class CheckpointLock:
         holder = "another run holds the lock"
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, _new_file_mode())
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, new_file_mode())
             except OSError as exc:
                 if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                     # Nobody can write here through this mount or as this user, so nothing to serialise: a run
@@ -655,14 +656,20 @@ def _hook(name: str) -> None:
             time.sleep(0.02)
 
 
-def _same_bytes(fd: int, expected: bytes, size: int) -> bool:
-    """The file open on ``fd`` still has this size and starts with these header bytes."""
-    return os.fstat(fd).st_size == size and os.pread(fd, len(expected), 0) == expected
+def _require_unchanged(fd: int, header: Header) -> None:
+    """Refuse when the file open on ``fd`` no longer has the size and header bytes that were read."""
+    if os.fstat(fd).st_size != header.file_size or os.pread(fd, len(header.raw), 0) != header.raw:
+        raise SafetensorsError(f"{header.path} changed while it was being remapped (another writer that does not "
+                               "take the checkpoint lock?): rerun once it is done")
 
 
-def validate_new_header(header: Header, new: bytes, data_size: int | None = None) -> None:
-    """Parse a header about to be written with the rules every read uses, before a byte of it is written."""
-    size = (len(new) + (header.file_size - header.data_start)) if data_size is None else len(new) + data_size
+def validate_new_header(header: Header, new: bytes, copies: list[tuple[int, int, int]] | None = None) -> None:
+    """Parse a header about to be written with the rules every read uses, before a byte of it is written.
+
+    ``copies`` are the data ranges the new file will hold (write_rewrite's); None keeps the data section whole.
+    """
+    data = header.file_size - header.data_start if copies is None else sum(ln for _s, _d, ln in copies)
+    size = len(new) + data
     try:
         parse_header_bytes(header.path, new[:8], new[8:], size)
     except SafetensorsError as exc:
@@ -698,9 +705,7 @@ def write_in_place(header: Header, new: bytes) -> None:
     try:
         fd = os.open(header.path, os.O_RDWR)
         try:
-            if not _same_bytes(fd, header.raw, header.file_size):
-                raise SafetensorsError(f"{header.path} changed while it was being remapped (another writer that "
-                                       "does not take the checkpoint lock?): rerun once it is done")
+            _require_unchanged(fd, header)
             written = True
             half = len(new) // 2
             write_all(fd, new[:half], 0)
@@ -756,18 +761,16 @@ def write_rewrite(
     nothing is replaced, the mode an ordinary write gives (0666 less the umask).
     """
     target = dest or header.path
+    validate_new_header(header, new, copies)
     data_len = header.file_size - header.data_start
     if copies is None:
         copies = [(0, 0, data_len)] if data_len else []
-    validate_new_header(header, new, sum(ln for _s, _d, ln in copies))
     tmp = temporary_path(target)
     replaced = None if os.path.islink(target) else (os.stat(target) if os.path.exists(target) else None)
-    mode = replaced.st_mode & 0o7777 if replaced else _new_file_mode()
+    mode = replaced.st_mode & 0o7777 if replaced else new_file_mode()
     src = os.open(header.path, os.O_RDONLY)
     try:
-        if not _same_bytes(src, header.raw, header.file_size):
-            raise SafetensorsError(f"{header.path} changed while it was being remapped (another writer that does "
-                                   "not take the checkpoint lock?): rerun once it is done")
+        _require_unchanged(src, header)
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.fchmod(dst, mode)
@@ -820,17 +823,17 @@ def method_for(plan: Plan, dest: str | None = None) -> str:
 
 
 def new_header_bytes(plan: Plan, dest: str | None = None) -> tuple[str, bytes, list[tuple[int, int, int]] | None]:
-    """(method, header bytes, data copies) of ``plan``, validated with the rules of every read, nothing written."""
+    """(method, header bytes, data copies or None for the whole section) that apply() would write for ``plan``.
+
+    The write paths validate the header before writing; validate_new_header(plan.header, new, copies) refuses it
+    earlier, writing nothing.
+    """
     new = _in_place_header(plan, dest)
     if new is not None:
-        validate_new_header(plan.header, new)
         return "in_place", new, None
     compact = bool(plan.dropped)
     obj, copies = build_header(plan, compact)
-    new = encode_header(obj)
-    data_len = plan.header.file_size - plan.header.data_start
-    validate_new_header(plan.header, new, sum(ln for _s, _d, ln in copies) if compact else data_len)
-    return "rewrite", new, copies if compact else None
+    return "rewrite", encode_header(obj), copies if compact else None
 
 
 def apply(plan: Plan, dest: str | None = None) -> str:
@@ -912,20 +915,19 @@ def read_index(path: str) -> dict[str, Any]:
     return index
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to a temporary beside ``path``, fsync, rename over it: complete or absent, never partial.
+def _replace_atomic(path: str, fill: Callable[[int], None]) -> None:
+    """``fill`` a temporary beside ``path``, fsync it and rename it over ``path``: complete or absent, never partial.
 
     The temporary is removed on every error; the file keeps the mode of the one it replaces (a new one gets
     0666 less the umask).
     """
     tmp = temporary_path(path)
-    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     mode = _mode_for(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.fchmod(fd, mode)
-            write_all(fd, data, 0)
+            fill(fd)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -939,27 +941,20 @@ def write_json_atomic(path: str, obj: Any) -> None:
     _fsync_dir(path)
 
 
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary (see _replace_atomic)."""
+    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    _replace_atomic(path, lambda fd: write_all(fd, data, 0))
+
+
 def copy_file_atomic(src: str, dest: str) -> None:
-    """Copy ``src`` to ``dest`` through a temporary beside it: complete or absent, the temporary never left."""
-    tmp = temporary_path(dest)
-    mode = _mode_for(dest)
-    try:
+    """Copy ``src`` to ``dest`` through a temporary beside it (see _replace_atomic)."""
+
+    def fill(fd: int) -> None:
         with open(src, "rb") as fin:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.fchmod(fd, mode)
-                offset = 0
-                while chunk := fin.read(1 << 20):
-                    write_all(fd, chunk, offset)
-                    offset += len(chunk)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(dest)
+            offset = 0
+            while chunk := fin.read(1 << 20):
+                write_all(fd, chunk, offset)
+                offset += len(chunk)
+
+    _replace_atomic(dest, fill)

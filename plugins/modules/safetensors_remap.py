@@ -164,6 +164,7 @@ from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     recover,
     rename,
     stale_temporaries,
+    validate_new_header,
     write_json_atomic,
 )
 
@@ -257,7 +258,7 @@ class SafetensorsRemapper:
         index_obj = self.converge_index(index_path, plans) if index_path else None
         for pl in plans:
             if pl.changed:
-                new_header_bytes(pl)  # the renamed header passes every read's rules, on both write paths
+                validate_new_header(pl.header, *new_header_bytes(pl)[1:])  # as either write path will
                 check_writable(pl.header.path)
         if index_path and index_obj is not None:
             check_writable(index_path)

@@ -89,9 +89,7 @@ def readable_weights(save_dir: str) -> list[str]:
     checkpoint_best) come out 0600 beside 0644 configs: a server that runs as a service user, or reads the share
     with root squashed, could not load them. Only files with no group/other bits are widened.
     """
-    mask = os.umask(0)
-    os.umask(mask)
-    mode = 0o666 & ~mask
+    mode = st.new_file_mode()
     changed: list[str] = []
     if not os.path.isdir(save_dir):
         return changed

@@ -126,8 +126,8 @@ def _maps_device(pid: int, proc: str, dev_re: re.Pattern[str]) -> bool:
     return False
 
 
-def scan(proc: str = "/proc", dev_dir: str = "/dev") -> dict[int, Proc]:
-    """Every process, with the GPUs it holds open."""
+def scan(proc: str = "/proc", dev_dir: str = "/dev", parents: set[int] | None = None) -> dict[int, Proc]:
+    """Every process (or only the children of ``parents``: their fds alone are read), with the GPUs it holds open."""
     dev_re = re.compile(re.escape(dev_dir.rstrip("/")) + r"/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps/.*)$")
     procs: dict[int, Proc] = {}
     for entry in os.listdir(proc):
@@ -138,6 +138,8 @@ def scan(proc: str = "/proc", dev_dir: str = "/dev") -> dict[int, Proc]:
         if st is None:
             continue
         state, ppid, pgid, sid, starttime, comm, tty_nr = st
+        if parents is not None and ppid not in parents:
+            continue
         try:
             with open(f"{proc}/{pid}/cmdline", "rb") as fh:
                 raw_argv = fh.read()

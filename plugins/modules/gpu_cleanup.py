@@ -306,8 +306,7 @@ class GpuCleanup:
                      include_observers=self.p["include_observers"], gpu_used=used,
                      free_threshold_mib=self.p["free_threshold_mib"])
         self.report_selection(sel)
-        explicit = self.p["stop_unit"] not in (None, "", "auto")
-        if not sel.holders and not explicit:
+        if not sel.holders and self.named_unit() is None:
             self.result["gpus_after"] = self.result["gpus_before"]
             return
         self.plan_units(sel, procs)
@@ -319,10 +318,14 @@ class GpuCleanup:
         targets = self.ladder(sel, procs)
         self.verify(sel, procs, targets, before)
 
+    def named_unit(self) -> str | None:
+        """The unit stop_unit names, or None when it names none (unset, empty, auto)."""
+        return None if self.p["stop_unit"] in (None, "", "auto") else self.p["stop_unit"]
+
     def plan_units(self, sel: Selection, procs: dict[int, Proc]) -> None:
         """Which systemd units to stop first: the one named, or (auto) every service whose main process is the job."""
-        wanted = self.p["stop_unit"]
-        if wanted not in (None, "", "auto"):
+        wanted = self.named_unit()
+        if wanted is not None:
             try:
                 active = subprocess.run(["systemctl", "is-active", "--quiet", wanted], check=False).returncode == 0
             except OSError:  # no systemd here: nothing to stop
@@ -342,7 +345,7 @@ class GpuCleanup:
                 entry.update(action="leave", why="systemctl could not tell its main process")
             elif main in job:
                 why = "its main process is the job" + (f" (pid {main})" if main else "")
-                if wanted == "auto":
+                if self.p["stop_unit"] == "auto":
                     entry.update(action="stop", why=why)
                     self.stop_units.append(unit)
                 else:
@@ -407,8 +410,8 @@ class GpuCleanup:
         """New holders of the selected GPUs that a process of the job started (a loop's last turn): killed too."""
         job = {q.pid for q in targets}
         seen = {(q.pid, q.starttime) for q in targets}
-        fresh = [q for q in scan(dev_dir=self.p["device_dir"]).values()
-                 if q.holds_gpu and (q.pid, q.starttime) not in seen and q.ppid in job
+        fresh = [q for q in scan(dev_dir=self.p["device_dir"], parents=job).values()
+                 if q.holds_gpu and (q.pid, q.starttime) not in seen
                  and (self.wanted is None or not q.gpus or q.gpus & self.wanted)]  # fmt: skip
         self.result["killed"] = sorted({*self.result["killed"], *kill(fresh)})
         return fresh

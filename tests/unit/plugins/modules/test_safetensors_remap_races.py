@@ -239,9 +239,9 @@ def _fill(mnt: Path, leave_pages: int) -> None:
     os.truncate(filler, max(0, filler.stat().st_size // 4096 * 4096 - 4096 * leave_pages))
 
 
-def _wide_checkpoint(path: Path, tensors: int = 150, name_len: int = 60) -> dict[str, np.ndarray]:
+def _wide_checkpoint(path: Path, tensors: int = 150, name_len: int = 60, tag: str = "") -> dict[str, np.ndarray]:
     """A checkpoint whose header is larger than a page (many long names), so its journal needs several."""
-    t = {f"layers.0.{'w' * name_len}.{i}": np.full(2, i, np.float32) for i in range(tensors)}
+    t = {f"layers.0.{tag}{'w' * name_len}.{i}": np.full(2, i, np.float32) for i in range(tensors)}
     save_file(t, str(path))
     return t
 
@@ -273,14 +273,8 @@ def test_a_full_disk_while_the_index_is_written_reports_the_shards_and_leaves_no
         index = {"metadata": {}, "weight_map": {}}
         for n in (1, 2):
             shard = mnt / f"{long}-{n:05d}-of-00002.safetensors"
-            names = _wide_checkpoint(shard, tensors=20, name_len=20)
-            save_file({k.replace("layers.0.", f"layers.0.s{n}"): v for k, v in names.items()}, str(shard))
-            with open(shard, "rb"):
-                pass
-            from safetensors import safe_open
-
-            with safe_open(str(shard), "np") as f:
-                index["weight_map"].update({k: shard.name for k in f.keys()})  # noqa: SIM118
+            names = _wide_checkpoint(shard, tensors=20, name_len=20, tag=f"s{n}")
+            index["weight_map"].update({k: shard.name for k in names})
         (mnt / codec.INDEX_NAME).write_text(json.dumps(index))
         assert len(json.dumps(index, indent=2)) > 2 * 4096
         _fill(mnt, leave_pages=2)  # the lock and one shard's journal at a time fit, the index does not

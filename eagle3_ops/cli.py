@@ -11,10 +11,17 @@ from eagle3_ops.runner import RunResult, run_playbook
 
 
 def _load_progress():
-    """The collection's progress helpers (plugins/plugin_utils/_progress.py) from this checkout."""
+    """The collection's progress helpers (plugins/plugin_utils/_progress.py), shared with its stdout callback: from
+    the collection on the import path, else from the collection this package ships in (its root holds both)."""
     import importlib.util
     from pathlib import Path
 
+    try:
+        from ansible_collections.eagle3.ops.plugins.plugin_utils import _progress
+
+        return _progress
+    except ImportError:
+        pass
     path = Path(__file__).resolve().parent.parent / "plugins" / "plugin_utils" / "_progress.py"
     spec = importlib.util.spec_from_file_location("eagle3_ops_progress", path)
     assert spec and spec.loader
@@ -251,13 +258,13 @@ def _ask(question: str) -> list[str]:
 
 
 def render_inventory(nodes: list[dict[str, str]], trainers: list[dict], servers: list[dict], user: str) -> str:
-    """The fleet inventory from templates/fleet-inventory.yml.j2 (the collection's own template)."""
+    """The fleet inventory from this package's templates/fleet-inventory.yml.j2."""
     import datetime
     from pathlib import Path
 
     import jinja2
 
-    templates = Path(__file__).resolve().parent.parent / "templates"
+    templates = Path(__file__).resolve().parent / "templates"
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)  # noqa: S701
     groups = {name: members for name, members in (("trainers", trainers), ("servers", servers)) if members}

@@ -72,7 +72,7 @@ def test_build_install_and_use_by_fqcn(tmp_path):
         (dev / name).write_bytes(b"")
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\nNVEMU_DEV_DIR={dev} NVEMU_CTX_DIR={tmp_path / 'ctx'} "
-                   f"exec {sys.executable} {ROOT / 'eagle3_ops' / 'lab' / 'nvemu.py'} smi \"$@\"\n")
+                   f"exec {sys.executable} {ROOT / 'eagle3_ops' / 'lab_host' / 'nvemu.py'} smi \"$@\"\n")
     smi.chmod(0o755)
     out = tmp_path / "out.json"
     extra = [f"ckpt={ckpt}", f"smi={smi}", f"out={out}", f"ansible_python_interpreter={sys.executable}"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_ops.lab import template
+from eagle3_ops.lab_host import template
 from tests.conftest import ROOT, lab_unavailable, recap, run_playbook
 
 pytestmark = pytest.mark.lab

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-NVEMU = Path(__file__).resolve().parents[2] / "eagle3_ops" / "lab" / "nvemu.py"
+NVEMU = Path(__file__).resolve().parents[2] / "eagle3_ops" / "lab_host" / "nvemu.py"
 
 
 def processes_with_env(name: str, value: str) -> list[int]:

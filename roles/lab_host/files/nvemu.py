@@ -1,1 +1,1 @@
-../../../eagle3_ops/lab/nvemu.py
+../../../eagle3_ops/lab_host/nvemu.py

@@ -1,1 +1,1 @@
-../../../eagle3_ops/lab/pct.py
+../../../eagle3_ops/lab_host/pct.py

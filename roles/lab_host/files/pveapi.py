@@ -1,1 +1,1 @@
-../../../eagle3_ops/lab/pveapi.py
+../../../eagle3_ops/lab_host/pveapi.py

@@ -1,1 +1,1 @@
-../../../eagle3_ops/lab/template.py
+../../../eagle3_ops/lab_host/template.py

@@ -1,4 +1,5 @@
-"""Benchmark report: JSON, markdown table with speedups against the same sweep's baseline, and a PNG."""
+"""Benchmark report (module eagle3.ops.bench_report): JSON, markdown table with speedups against the same sweep's
+baseline of the same engine, and a PNG with axes from 0 (speedup) and 1 (accept length)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 
 import pytest
 
-from eagle3_ops import reports
+from tests.modules import module_utils, run_module
+
+_bench = module_utils("_bench")
 
 
 def _points():
@@ -21,17 +24,29 @@ def _points():
     return pts
 
 
-def test_report_files_and_speedups(tmp_path):
-    paths = reports.bench_report(_points(), str(tmp_path / "r"), {"target": "tiny", "engine": "reference"})
-    data = json.loads((tmp_path / "r" / "bench.json").read_text())
+def _run(args, capsys, check=False):
+    return run_module("bench_report", args, check=check, capsys=capsys)
+
+
+def test_report_files_and_speedups(tmp_path, capsys):
+    dest = tmp_path / "r"
+    result = _run({"points": _points(), "dest": str(dest), "meta": {"target": "tiny", "engine": "reference"}}, capsys)
+    assert result["changed"] and set(result["paths"]) == {"json", "md", "png"}
+    data = json.loads((dest / "bench.json").read_text())
     by = {(p["draft_tokens"], p["max_concurrency"]): p for p in data["points"]}
     assert by[(10, 4)]["speedup"] == pytest.approx(2.0) and by[(None, 1)]["speedup"] is None
-    md = (tmp_path / "r" / "bench.md").read_text()
+    md = (dest / "bench.md").read_text()
     assert "| 10 | reference | 4 | 600.0 | 2.00 |" in md and "| baseline | reference | 1 | 100.0 | - |" in md
-    assert "engine: reference" in md
-    png = (tmp_path / "r" / "bench.png").read_bytes()
+    assert "engine: reference" in md and md == result["markdown"]
+    png = (dest / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    assert set(paths) == {"json", "md", "png"}
+    assert not [p for p in dest.iterdir() if p.name.startswith(".")]  # no temporary left
+    # The same points again: nothing changes; check mode writes nothing.
+    again = _run({"points": _points(), "dest": str(dest), "meta": {"target": "tiny", "engine": "reference"}}, capsys)
+    assert again["changed"] is False
+    fresh = tmp_path / "fresh"
+    assert _run({"points": _points(), "dest": str(fresh)}, capsys, check=True)["changed"]
+    assert not fresh.exists()
 
 
 def test_speedups_compare_within_one_engine():
@@ -39,13 +54,13 @@ def test_speedups_compare_within_one_engine():
               {"max_concurrency": 1, "draft_tokens": None, "output_throughput": 100.0, "engine": "reference"},
               {"max_concurrency": 1, "draft_tokens": 5, "output_throughput": 200.0, "engine": "reference"},
               {"max_concurrency": 1, "draft_tokens": 5, "output_throughput": 900.0, "engine": "vllm"}]  # fmt: skip
-    got = [p["speedup"] for p in reports.speedups(points)]
+    got = [p["speedup"] for p in _bench.speedups(points)]
     assert got == [None, None, pytest.approx(2.0), None]  # no baseline of its engine: no speedup
 
 
-def test_no_points_is_an_error(tmp_path):
-    with pytest.raises(ValueError, match="no benchmark points"):
-        reports.bench_report([], str(tmp_path))
-    src = tmp_path / "empty.json"
-    src.write_text("[]")
-    assert reports.main(["bench", "--results", str(src), "--out", str(tmp_path / "o")]) == 1
+def test_no_points_is_a_one_sentence_error(tmp_path, capsys):
+    result = _run({"points": [], "dest": str(tmp_path / "o")}, capsys)
+    assert result["failed"]
+    assert "no benchmark points" in result["msg"] and not (tmp_path / "o").exists()
+    result = _run({"points": [{"draft_tokens": 5}], "dest": str(tmp_path / "o")}, capsys)
+    assert "point 0 lacks max_concurrency, output_throughput" in result["msg"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_ops.lab import template
+from eagle3_ops.lab_host import template
 
 STATUS = """Package: base-files
 Status: install ok installed

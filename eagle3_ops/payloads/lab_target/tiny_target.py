@@ -10,7 +10,7 @@ every prompt. The briefly trained one answers each prompt confidently and differ
 The directory is written under a temporary name and renamed into place when complete, with the build
 arguments in ``eagle3_lab_target.json``; a rerun with the same arguments leaves it alone (exit 0, "unchanged").
 
-Usage: python3 -m lab.tiny_target --corpus prompts.jsonl --out /srv/eagle3/models/tiny-llama
+Usage: python3 -m lab_target.tiny_target --corpus prompts.jsonl --out /srv/eagle3/models/tiny-llama
 """
 
 from __future__ import annotations

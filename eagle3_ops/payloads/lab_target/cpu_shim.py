@@ -1,4 +1,4 @@
-"""Run speculators' real trainer on a CPU-only machine (the lab): ``python -m lab.cpu_shim [train args]``.
+"""Run speculators' real trainer on a CPU-only machine (the lab): ``python -m lab_target.cpu_shim [train args]``.
 
 speculators 0.9.0 assumes an accelerator in six places; this shim patches exactly those, in memory, and
 then runs ``speculators.train`` unchanged (same CLI, same model, data, loss, checkpointing and resume code):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_ops.lab import pct
+from eagle3_ops.lab_host import pct
 
 
 def test_config_round_trip_keeps_raw_lxc_lines_in_order_and_repeats():

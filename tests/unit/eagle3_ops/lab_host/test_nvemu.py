@@ -14,7 +14,7 @@ import pytest
 from tests.modules import ROOT
 from tests.unit.conftest import processes_with_env
 
-NVEMU = ROOT / "eagle3_ops" / "lab" / "nvemu.py"
+NVEMU = ROOT / "eagle3_ops" / "lab_host" / "nvemu.py"
 
 
 @pytest.fixture

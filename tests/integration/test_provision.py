@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import LAB_API_PORT, LAB_PORT, LAB_ROOT, LAB_STATE, ROOT, SHARED, pct, recap, run_playbook
+from tests.conftest import LAB_API_PORT, LAB_PORT, LAB_ROOT, LAB_STATE, ROOT, pct, pve_schema, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 VMIDS = ("171", "172", "173")
@@ -224,10 +224,7 @@ def run_playbook_inventory(cfg: Path) -> dict:
 
 
 def test_every_api_request_matches_the_published_schema(fleet):
-    schema_file = SHARED / "reference" / "pve-9.1.3-api-schema.json"
-    if not schema_file.exists():
-        pytest.skip("../shared/reference/pve-9.1.3-api-schema.json is not beside this checkout")
-    schema = json.loads(schema_file.read_text())
+    schema = pve_schema()
     index: dict[str, dict] = {}
 
     def walk(nodes):

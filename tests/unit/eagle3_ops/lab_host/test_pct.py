@@ -102,13 +102,10 @@ def test_create_file_modes_and_owners(tmp_path):
 
 
 def test_create_and_set_options_exist_in_the_pve_schema():
-    import json
 
-    from tests.conftest import SHARED
+    from tests.conftest import pve_schema
 
-    schema_file = SHARED / "reference" / "pve-9.1.3-api-schema.json"
-    if not schema_file.exists():
-        pytest.skip("../shared/reference/pve-9.1.3-api-schema.json is not beside this checkout")
+    schema = pve_schema()
     index = {}
 
     def walk(nodes):
@@ -116,7 +113,7 @@ def test_create_and_set_options_exist_in_the_pve_schema():
             index[n["path"]] = n.get("info", {})
             walk(n.get("children") or [])
 
-    walk(json.loads(schema_file.read_text()))
+    walk(schema)
     create = index["/nodes/{node}/lxc"]["POST"]["parameters"]["properties"]
     update = index["/nodes/{node}/lxc/{vmid}/config"]["PUT"]["parameters"]["properties"]
     for name, kind in pct.OPTION_TYPES.items():

@@ -25,7 +25,6 @@ inherited-fd orphans included -- after checking that its PID still names the sam
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -33,8 +32,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import SafetensorsError, read_header
 
 DEFAULT_EXCLUDE = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "Xorg", "X", "nvidia-smi"]
 # Processes a job root is never taken from: whoever started the job, not the job itself.
@@ -565,25 +562,3 @@ def state_word(state: str) -> str:
 
 
 # -- the guard ---------------------------------------------------------------------------------
-
-
-def check_complete(path: str) -> str | None:
-    """Why ``path`` is not a complete checkpoint file, or None when it is."""
-    if not os.path.exists(path):
-        return f"{path} does not exist"
-    if not os.path.isfile(path):
-        return f"{path} is not a regular file"
-    if os.path.getsize(path) == 0:
-        return f"{path} is empty"
-    if path.endswith(".safetensors"):
-        try:
-            read_header(path)
-        except SafetensorsError as exc:
-            return str(exc)
-    elif path.endswith(".json"):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                json.load(fh)
-        except ValueError:
-            return f"{path} is not complete JSON"
-    return None

@@ -252,6 +252,30 @@ def read_header(path: str) -> Header:
 # -- planning ----------------------------------------------------------------------------------
 
 
+def file_problem(path: str) -> str | None:
+    """Why ``path`` is not a complete checkpoint file, or None when it is: it exists, is a regular non-empty file,
+    and a ``.safetensors`` header or a ``.json`` document reads whole (other files: presence and size only).
+    The one definition for GPU cleanup's checkpoint guard and the training launcher's epoch check."""
+    if not os.path.exists(path):
+        return f"{path} does not exist"
+    if not os.path.isfile(path):
+        return f"{path} is not a regular file"
+    if os.path.getsize(path) == 0:
+        return f"{path} is empty"
+    if path.endswith(".safetensors"):
+        try:
+            read_header(path)
+        except SafetensorsError as exc:
+            return str(exc)
+    elif path.endswith(".json"):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                json.load(fh)
+        except ValueError:
+            return f"{path} is not complete JSON"
+    return None
+
+
 @dataclass
 class Plan:
     """What a remap of one file would do."""

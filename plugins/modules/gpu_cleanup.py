@@ -229,7 +229,6 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     Selection,
     alive,
     app_memory,
-    check_complete,
     gpu_memory,
     kill,
     read_stat,
@@ -242,6 +241,7 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     unit_of,
     wait_gone,
 )
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import file_problem
 
 ARGUMENT_SPEC = {
     "gpus": {"type": "list", "elements": "str", "default": []},
@@ -375,7 +375,7 @@ class GpuCleanup:
         """Refuse while the final checkpoint is missing or incomplete (the job may still be writing it)."""
         if not sel.holders or self.p["force"]:
             return
-        problems = [why for why in map(check_complete, self.p["require_paths"]) if why]
+        problems = [why for why in map(file_problem, self.p["require_paths"]) if why]
         if problems:
             self.fail(f"Refusing to stop {len(sel.holders)} GPU holders: {'; '.join(problems)}; the job may still be "
                       "writing its last checkpoint, so wait for it or set force: true.")

@@ -9,7 +9,6 @@ fresh start happens only when no complete epoch exists).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -35,21 +34,11 @@ class Epoch:
 
 
 def check_epoch_dir(path: str) -> str | None:
-    """Why ``path`` is not a complete checkpoint, or None."""
+    """Why ``path`` is not a complete checkpoint, or None (each file by the codec's file_problem)."""
     for name in REQUIRED:
-        f = os.path.join(path, name)
-        if not os.path.isfile(f) or os.path.getsize(f) == 0:
-            return f"{name} is missing or empty"
-    try:
-        st.read_header(os.path.join(path, "model.safetensors"))
-    except st.SafetensorsError as exc:
-        return str(exc)
-    for name in ("config.json", "training_state.json"):
-        try:
-            with open(os.path.join(path, name), encoding="utf-8") as fh:
-                json.load(fh)
-        except ValueError:
-            return f"{name} is not complete JSON"
+        problem = st.file_problem(os.path.join(path, name))
+        if problem:
+            return problem.replace(os.path.join(path, name), name)
     return None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_ops.lab_host import pct
+from eagle3_ops.lab_host import pct, pct_config
 
 
 def test_config_round_trip_keeps_raw_lxc_lines_in_order_and_repeats():
@@ -83,7 +83,7 @@ def test_template_volume_ids(tmp_path, monkeypatch):
 
 
 def test_unknown_container_message(tmp_path, monkeypatch):
-    monkeypatch.setattr(pct, "LAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(pct_config, "LAB_ROOT", str(tmp_path))
     with pytest.raises(pct.PctError) as err:
         pct.load_config(555)
     assert str(err.value) == f"Configuration file 'nodes/{pct.NODE}/lxc/555.conf' does not exist"
@@ -116,9 +116,9 @@ def test_create_and_set_options_exist_in_the_pve_schema():
     walk(schema)
     create = index["/nodes/{node}/lxc"]["POST"]["parameters"]["properties"]
     update = index["/nodes/{node}/lxc/{vmid}/config"]["PUT"]["parameters"]["properties"]
-    for name, kind in pct.OPTION_TYPES.items():
+    for name, kind in pct_config.OPTION_TYPES.items():
         assert name in create, f"pct create --{name} is not a PVE option"
         assert create[name]["type"] == kind, f"--{name} is {create[name]['type']} in PVE, {kind} in the lab"
         assert name in update or name in pct.CREATE_ONLY
-    for prefix in pct.INDEXED_OPTIONS:
+    for prefix in pct_config.INDEXED_OPTIONS:
         assert f"{prefix}[n]" in create

@@ -1,0 +1,1 @@
+../../../eagle3_ops/lab_host/nvemu_workload.py

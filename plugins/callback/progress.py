@@ -50,14 +50,14 @@ class CallbackModule(DefaultCallback):
             self._line_open = False
 
     def v2_runner_retry(self, result) -> None:
-        if self._run_is_verbose(result, verbosity=2):
+        if self._run_is_verbose(result, verbosity=1):  # -vv (verbosity 2) and more
             super().v2_runner_retry(result)
             return
-        host = result._host.get_name()
-        task = result.task_name or str(result._task)
+        host = result.host.get_name()
+        task = result.task_name or str(result.task)
         key = (host, task)
         started = self._wait_started.setdefault(key, time.monotonic())
-        shown = wait_line(str(result._result.get("stdout", "") or ""))
+        shown = wait_line(str(result.result.get("stdout", "") or ""))
         if shown is None:
             minutes = int((time.monotonic() - started) // 60)
             shown = f"waiting ({minutes} min)" if minutes else "waiting"

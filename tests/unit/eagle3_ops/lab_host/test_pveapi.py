@@ -1,0 +1,145 @@
+"""The lab's Proxmox API on its own (a real HTTPS server over a lab root of config files, no LXC needed for
+reads), and the proxmox_ct module against it in check mode: what it would change, what it refuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from eagle3_ops.lab_host import pveapi
+from tests.modules import ROOT, run_module
+
+PVEAPI = ROOT / "eagle3_ops" / "lab_host" / "pveapi.py"
+TOKEN = ("root@pam!eagle3", "s3cret-token")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def api(tmp_path: Path):
+    root = tmp_path / "lab"
+    conf_dir = root / "pve" / "nodes" / "pve-lab" / "lxc"
+    conf_dir.mkdir(parents=True)
+    (conf_dir / "129.conf").write_text("hostname: ct129\nmemory: 1024\ncores: 2\nswap: 0\n"
+                                       "rootfs: local:129/vm-129-disk-0.raw,size=8G\n")  # fmt: skip
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({TOKEN[0]: TOKEN[1]}))
+    port = _free_port()
+    env = dict(os.environ, EAGLE3_LAB_ROOT=str(root), EAGLE3_LAB_NODE="pve-lab",
+               EAGLE3_LAB_LXC_PATH=str(tmp_path / "lxc"))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(PVEAPI), "--port", str(port), "--cert", str(cert), "--key", str(key),
+                             "--tokens", str(tokens)], env=env)  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield {"port": port, "cert": str(cert), "conf": conf_dir / "129.conf", "root": root}
+    proc.kill()
+    proc.wait()
+
+
+def _get(api, path: str, token: tuple[str, str] = TOKEN) -> tuple[int, dict]:
+    req = urllib.request.Request(f"https://127.0.0.1:{api['port']}/api2/json{path}",
+                                 headers={"Authorization": f"PVEAPIToken={token[0]}={token[1]}"})  # fmt: skip
+    ctx = ssl.create_default_context(cafile=api["cert"])
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:  # noqa: S310 -- the test's own server
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_reads_answer_in_pve_envelopes(api):
+    status, body = _get(api, "/nodes")
+    assert status == 200 and body["data"][0]["node"] == "pve-lab"
+    status, body = _get(api, "/nodes/pve-lab/lxc/129/config")
+    assert status == 200 and body["data"]["memory"] == 1024 and len(body["data"]["digest"]) == 40
+    status, body = _get(api, "/cluster/resources")
+    assert status == 200 and [(r["vmid"], r["node"], r["status"]) for r in body["data"] if r.get("type") == "lxc"] == [
+        (129, "pve-lab", "stopped")]
+
+
+def test_refusals_are_pve_errors(api):
+    assert _get(api, "/nodes", token=(TOKEN[0], "wrong"))[0] == 401
+    status, body = _get(api, "/nodes/pve-lab/qemu")
+    assert status == 501 and "not implemented" in body["message"]
+    status, body = _get(api, "/nodes/elsewhere/lxc/129/config")
+    assert status == 500 and "hostname lookup 'elsewhere' failed" in body["message"]
+    log = [json.loads(line) for line in (api["root"] / "pve" / "api-requests.jsonl").read_text().splitlines()]
+    asked = {"method": "GET", "path": "/nodes/{node}/lxc/{vmid}/config", "params": {"node": "elsewhere", "vmid": "129"}}
+    assert asked in log
+
+
+def test_parameter_checks_follow_pve():
+    with pytest.raises(pveapi.ApiError) as err:
+        pveapi.validate({"memory": "8", "vmid": "12", "bogus": "1"}, pveapi.CT_OPTIONS | {"vmid"},
+                        {"vmid", "ostemplate"})
+    assert err.value.status == 400 and set(err.value.errors) == {"memory", "vmid", "bogus", "ostemplate"}
+    pveapi.check_root_only({"dev0": "/dev/nvidia0"}, "root@pam", token=False)  # a root ticket may
+    with pytest.raises(pveapi.ApiError, match="device passthrough"):
+        pveapi.check_root_only({"dev0": "/dev/nvidia0"}, "root@pam", token=True)
+    with pytest.raises(pveapi.ApiError, match="bind mount mp0"):
+        pveapi.check_root_only({"mp0": "/srv/eagle3,mp=/srv/eagle3"}, "root@pam", token=True)
+    assert pveapi.upid("pve-lab", "vzstart", "129", "root@pam").startswith("UPID:pve-lab:")
+
+
+def test_every_route_is_in_the_published_schema():
+    from tests.conftest import pve_schema
+
+    index: dict[str, dict] = {}
+
+    def walk(nodes):
+        for n in nodes:
+            index[n["path"]] = n.get("info", {})
+            walk(n.get("children") or [])
+
+    walk(pve_schema())
+    for method, _regex, template, _handler in pveapi.Api().routes:
+        assert method in index.get(template, {}), f"{method} {template} is not in PVE 9.1.3's API"
+
+
+def _ct(api, capsys, **args):
+    base = {"api_host": "127.0.0.1", "api_port": api["port"], "api_token_id": "eagle3", "api_token_secret": TOKEN[1],
+            "validate_certs": api["cert"], "node": "pve-lab", "vmid": 129, "state": "present"}  # fmt: skip
+    return run_module("proxmox_ct", {**base, **args}, check=True, diff=True, capsys=capsys)
+
+
+def test_proxmox_ct_check_mode_shows_the_change_and_writes_nothing(api, capsys):
+    before = api["conf"].read_text()
+    result = _ct(api, capsys, hostname="ct129", memory=2048, cores=2)
+    assert result["changed"] and result["updated"] == ["memory"] and not result.get("failed")
+    assert result["diff"] == {"before": "memory: 1024\n", "after": "memory: 2048\n"}
+    assert api["conf"].read_text() == before
+    assert _ct(api, capsys, hostname="ct129", memory=1024)["changed"] is False
+
+
+def test_proxmox_ct_refusals_are_one_sentence(api, capsys):
+    result = _ct(api, capsys, node="pve-other", memory=2048)
+    assert result["failed"] and result["msg"].startswith("Node 'pve-other' is not in the cluster (nodes: pve-lab)")
+    result = _ct(api, capsys, hostname="someone-else")
+    assert result["failed"] and "is 'ct129', not 'someone-else'" in result["msg"]
+    result = _ct(api, capsys, api_token_secret="wrong")  # noqa: S106 -- a wrong secret on purpose
+    assert result["failed"] and "\n" not in result["msg"] and "401" in result["msg"]
+    result = _ct(api, capsys, mounts=[{"mp": "/srv/x"}])
+    assert result["failed"] and result["msg"] == "Mount point /srv/x needs exactly one of host_path or volume."

@@ -1,0 +1,60 @@
+"""The progress stdout callback: a long wait shows one progress line per host (changed lines only), not a
+"FAILED - RETRYING" line per poll; -vv restores the default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.modules import init_collection_loader
+
+
+@pytest.fixture
+def callback(monkeypatch):
+    init_collection_loader()
+    from ansible.plugins.loader import callback_loader
+
+    cb = callback_loader.get("eagle3.ops.progress")
+    assert cb is not None, "eagle3.ops.progress is not found by its name"
+    cb.set_options()
+    cb._tty = False
+    shown: list[str] = []
+    monkeypatch.setattr(cb._display, "display", lambda msg, *a, **k: shown.append(msg))
+    monkeypatch.setattr(cb._display, "verbosity", 0)
+    cb.shown = shown
+    return cb
+
+
+def _retry(host: str, stdout: str, task: str = "Wait for the job, monitoring it"):
+    """What the strategy hands a callback for one failed poll of an until loop (ansible-core's own classes)."""
+    from ansible.executor.task_result import CallbackTaskResult
+    from ansible.inventory.host import Host
+    from ansible.playbook.task import Task
+
+    return CallbackTaskResult(Host(host), Task(), {"stdout": stdout, "attempts": 1, "retries": 10}, {"name": task})
+
+
+def test_a_wait_is_one_line_per_host_and_change(callback):
+    sample = {"attempt": 1, "total_seq_len": 1024, "epoch": 2, "epochs": 5, "step": 7, "tokens_per_s": 900.0}
+    for _ in range(3):  # three polls with the same sample: one line
+        callback.v2_runner_retry(_retry("ct129", "ActiveState=active\n" + json.dumps(sample)))
+    callback.v2_runner_retry(_retry("ct129", "ActiveState=active\n" + json.dumps({**sample, "epoch": 3})))
+    regen = "ActiveState=active\n[regen] 40/160 (8.4/s)"
+    callback.v2_runner_retry(_retry("ct130", regen, task="Wait for eagle3-data-regen"))
+    assert len(callback.shown) == 3
+    assert "[ct129] Wait for the job, monitoring it:" in callback.shown[0]
+    assert "epoch 2/5 step 7 900 tok/s" in callback.shown[0]
+    assert "epoch 3/5" in callback.shown[1]
+    assert callback.shown[2].endswith("[regen] 40/160 (8.4/s)") and "FAILED" not in "".join(callback.shown)
+
+
+def test_a_wait_without_progress_says_waiting(callback):
+    callback.v2_runner_retry(_retry("ct129", "ActiveState=activating"))
+    assert callback.shown == ["  [ct129] Wait for the job, monitoring it: waiting"]
+
+
+def test_verbose_runs_keep_the_default_retry_lines(callback, monkeypatch):
+    monkeypatch.setattr(callback._display, "verbosity", 2)
+    callback.v2_runner_retry(_retry("ct129", "ActiveState=active"))
+    assert callback.shown and "FAILED - RETRYING" in callback.shown[0]

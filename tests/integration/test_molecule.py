@@ -1,17 +1,41 @@
-"""Every role's molecule scenario (converge, idempotence, verify) on a real lab container."""
+"""Every role's molecule scenario (converge, idempotence, verify) on a real lab container. The serving roles'
+scenarios (sglang_serve, spec_bench) share one container - same platform, no destroy in their sequence - which
+this module removes after them."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LAB_LXC_PATH, LAB_PORT, LAB_ROOT, LAB_STATE, PCT, ROOT, ansible_env
+from tests.conftest import LAB_API_PORT, LAB_LXC_PATH, LAB_PORT, LAB_ROOT, LAB_STATE, PCT, ROOT, ansible_env
 
 pytestmark = pytest.mark.lab
 SCENARIOS = sorted(ROOT.glob("roles/*/molecule/default/molecule.yml"))
+
+
+def _shared_vmids() -> set[int]:
+    """Platforms of scenarios whose sequence leaves their container for the next scenario."""
+    import yaml
+
+    out = set()
+    for path in SCENARIOS:
+        conf = yaml.safe_load(path.read_text())
+        if "destroy" not in (conf.get("scenario") or {}).get("test_sequence", ["destroy"]):
+            out |= {int(p["vmid"]) for p in conf["platforms"]}
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_shared_containers():
+    yield
+    for vmid in sorted(_shared_vmids()):
+        if (LAB_ROOT / "pve" / "nodes" / "pve-lab" / "lxc" / f"{vmid}.conf").exists():
+            subprocess.run([PCT, "destroy", str(vmid), "--force", "1"], capture_output=True, timeout=300, check=False)
+        shutil.rmtree(LAB_ROOT / "gpu" / str(vmid), ignore_errors=True)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.parents[2].name)
@@ -24,6 +48,7 @@ def test_molecule_scenario(lab, scenario: Path):
     env.update(
         EAGLE3_LAB_STATE_DIR=str(LAB_STATE),
         EAGLE3_LAB_SSH_PORT=str(LAB_PORT),
+        EAGLE3_LAB_API_PORT=str(LAB_API_PORT),
         EAGLE3_LAB_ROOT=str(LAB_ROOT),
         EAGLE3_LAB_LXC_PATH=str(LAB_LXC_PATH),
         EAGLE3_LAB_PCT=PCT,

@@ -150,7 +150,6 @@ def gpu_state() -> list[dict]:
     return gpus
 
 
-
 # ---------------------------------------------------------------------------------------------
 # allocation API for workloads
 # ---------------------------------------------------------------------------------------------
@@ -188,5 +187,3 @@ def _open_control_nodes() -> list[int]:
         except OSError:
             pass
     return fds
-
-

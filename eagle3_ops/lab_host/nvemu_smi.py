@@ -187,5 +187,3 @@ def smi_main(argv: list[str] | None = None) -> int:
             print(exc.code)
             return 6
         raise
-
-

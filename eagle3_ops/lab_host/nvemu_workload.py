@@ -177,4 +177,3 @@ def workload_main(argv: list[str] | None = None) -> int:
                 json.dump(pids, fh)
         print(json.dumps(pids))
     return 0
-

@@ -36,6 +36,7 @@ try:  # a package module (tests, eagle3_ops), or loose files beside each other (
         conf_path,
         config_lock,
         load_config,
+        node_of,
         write_config,
     )
 except ImportError:  # pragma: no cover
@@ -53,6 +54,7 @@ except ImportError:  # pragma: no cover
         conf_path,
         config_lock,
         load_config,
+        node_of,
         write_config,
     )
 try:  # a package module (tests, eagle3_ops), or loose files beside each other (the lab host's bin/)
@@ -223,8 +225,10 @@ def resolve_template(volid: str) -> str:
 def cmd_create(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
     vmid = parse_vmid(pos[0], USAGE["create"])
     with config_lock(vmid):
-        if os.path.exists(conf_path(vmid)) or os.path.exists(ct_dir(vmid)):
-            raise PctError(f"CT {vmid} already exists on node '{NODE}'")
+        # VMIDs are unique across the cluster (every node's containers live under one LXC path here).
+        owner = node_of(vmid)
+        if owner or os.path.exists(ct_dir(vmid)):
+            raise PctError(f"CT {vmid} already exists on node '{owner or NODE}'")
         template = resolve_template(pos[1])
         conf = CtConfig()
         conf.description = opts.pop("description", "")
@@ -323,7 +327,6 @@ def cmd_exec(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
     sys.stdout.flush()
     os.execvp(args[0], args)  # noqa: S606 -- pct exec replaces itself with lxc-attach, as Proxmox does
     return 0  # not reached
-
 
 
 def cmd_push(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
@@ -454,4 +457,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -106,5 +106,3 @@ def parse_vmid(text: str, usage: str) -> int:
     if not re.fullmatch(r"[1-9]\d*", text) or not 100 <= int(text) <= 999_999_999:
         raise _param_error("vmid", "invalid format - value does not look like a valid VM ID", usage)
     return int(text)
-
-

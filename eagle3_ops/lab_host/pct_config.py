@@ -106,21 +106,38 @@ def _unescape(text: str) -> str:
     return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), text)
 
 
-def conf_dir() -> str:
-    return os.path.join(LAB_ROOT, "pve", "nodes", NODE, "lxc")
+def conf_dir(node: str | None = None) -> str:
+    """A node's container configs, as /etc/pve/nodes/NODE/lxc is on a PVE cluster (one tree, every node in it)."""
+    return os.path.join(LAB_ROOT, "pve", "nodes", node or NODE, "lxc")
 
 
-def conf_path(vmid: int) -> str:
-    return os.path.join(conf_dir(), f"{vmid}.conf")
+def conf_path(vmid: int, node: str | None = None) -> str:
+    return os.path.join(conf_dir(node), f"{vmid}.conf")
 
 
-def load_config(vmid: int) -> CtConfig:
-    path = conf_path(vmid)
+def cluster_nodes() -> list[str]:
+    """The cluster's nodes: EAGLE3_LAB_NODES (comma-separated, the lab's API is told them), else this node."""
+    listed = [n for n in os.environ.get("EAGLE3_LAB_NODES", "").split(",") if n]
+    return listed or [NODE]
+
+
+def node_of(vmid: int) -> str | None:
+    """The node whose config holds VMID: VMIDs are unique across a cluster."""
+    root = os.path.join(LAB_ROOT, "pve", "nodes")
+    try:
+        nodes = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return None
+    return next((n for n in nodes if os.path.exists(conf_path(vmid, n))), None)
+
+
+def load_config(vmid: int, node: str | None = None) -> CtConfig:
+    path = conf_path(vmid, node)
     try:
         with open(path, encoding="utf-8") as fh:
             return CtConfig.parse(fh.read())
     except FileNotFoundError:
-        raise PctError(f"Configuration file 'nodes/{NODE}/lxc/{vmid}.conf' does not exist") from None
+        raise PctError(f"Configuration file 'nodes/{node or NODE}/lxc/{vmid}.conf' does not exist") from None
 
 
 def write_config(vmid: int, conf: CtConfig) -> None:
@@ -153,5 +170,3 @@ def config_lock(vmid: int, timeout: float = 10.0) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-

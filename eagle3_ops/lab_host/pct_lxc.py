@@ -58,9 +58,7 @@ def render_lxc_config(vmid: int, conf: CtConfig) -> str:
         f"lxc.arch = {'amd64' if conf.options.get('arch', 'amd64') == 'amd64' else conf.options['arch']}",
         f"lxc.uts.name = {hostname}",
         f"lxc.rootfs.path = dir:{rootfs_dir(vmid)}",
-        # The lab host has no bridge: containers get loopback only; the hypervisor path (pct exec)
-        # is how everything reaches them, which is exactly what eagle3-ops relies on.
-        "lxc.net.0.type = empty",
+        *net_lines(conf),
         "lxc.apparmor.profile = unconfined",
         "lxc.tty.max = 2",
         "lxc.pty.max = 1024",
@@ -68,6 +66,27 @@ def render_lxc_config(vmid: int, conf: CtConfig) -> str:
     lines += mount_point_lines(vmid, conf)
     lines += [f"{k} = {v}" for k, v in conf.lxc]
     return "\n".join(lines) + "\n"
+
+
+def net_lines(conf: CtConfig) -> list[str]:
+    """net0..netN as pve-container renders them (veth on a bridge, static address, optional gateway). Without a
+    netN the container has loopback only: the hypervisor path (pct exec) is how eagle3-ops reaches it anyway; the
+    lab gives containers that talk to each other (rendezvous, router) a bridge of its own with no route out."""
+    lines: list[str] = []
+    nets = sorted((int(k[3:]), v) for k, v in conf.options.items() if re.fullmatch(r"net\d+", k))
+    for index, (_n, value) in enumerate(nets):
+        fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+        lines += [f"lxc.net.{index}.type = veth", f"lxc.net.{index}.name = {fields.get('name', f'eth{index}')}",
+                  f"lxc.net.{index}.flags = up"]  # fmt: skip
+        if fields.get("bridge"):
+            lines.append(f"lxc.net.{index}.link = {fields['bridge']}")
+        if fields.get("hwaddr"):
+            lines.append(f"lxc.net.{index}.hwaddr = {fields['hwaddr']}")
+        if fields.get("ip") not in (None, "dhcp", "manual"):
+            lines.append(f"lxc.net.{index}.ipv4.address = {fields['ip']}")
+        if fields.get("gw"):
+            lines.append(f"lxc.net.{index}.ipv4.gateway = {fields['gw']}")
+    return lines or ["lxc.net.0.type = empty"]
 
 
 def _field(text: str, bare_key: str) -> tuple[str, str]:
@@ -121,7 +140,6 @@ def setup_guest(vmid: int, conf: CtConfig) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as fh:
             fh.write(content)
-
 
 
 def _libc_setns(fd: int) -> None:
@@ -218,5 +236,3 @@ def _in_container(vmid: int, work: Callable[[], None]) -> int:
     os.close(ns_fd)
     _unused, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status)
-
-

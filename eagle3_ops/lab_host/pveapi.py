@@ -31,6 +31,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import pct  # noqa: E402  -- the lab's pct, installed beside this file
+import pct_config  # noqa: E402
 
 PCT = [sys.executable, os.path.join(HERE, "pct.py")]
 TASKS: dict[str, dict[str, Any]] = {}
@@ -46,8 +47,18 @@ class ApiError(Exception):
         self.errors = errors
 
 
-def run_pct(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PCT, *args], capture_output=True, text=True, check=False, timeout=600)
+def run_pct(node: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The node's pct, as the API daemon of that node would run it."""
+    env = dict(os.environ, EAGLE3_LAB_NODE=node)
+    return subprocess.run([*PCT, *args], capture_output=True, text=True, check=False, timeout=600, env=env)
+
+
+def node_vmids(node: str) -> list[int]:
+    try:
+        names = os.listdir(pct_config.conf_dir(node))
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-5]) for n in names if re.fullmatch(r"\d+\.conf", n))
 
 
 def upid(node: str, kind: str, ident: str, user: str) -> str:
@@ -67,7 +78,7 @@ def start_task(node: str, kind: str, ident: str, user: str, argv_list: list[list
     def work() -> None:
         status = "OK"
         for argv in argv_list:
-            proc = run_pct(*argv)
+            proc = run_pct(node, *argv)
             lines = (proc.stdout + proc.stderr).splitlines()
             with TASKS_LOCK:
                 record["log"].extend(lines)
@@ -84,20 +95,20 @@ def start_task(node: str, kind: str, ident: str, user: str, argv_list: list[list
 
 
 def check_node(node: str) -> None:
-    if node != pct.NODE:
+    if node not in pct_config.cluster_nodes():
         raise ApiError(500, f"hostname lookup '{node}' failed - failed to get address info for: {node}: "
                        "Name or service not known")  # fmt: skip
 
 
-def load(vmid: int) -> pct.CtConfig:
+def load(vmid: int, node: str) -> pct.CtConfig:
     try:
-        return pct.load_config(vmid)
+        return pct.load_config(vmid, node)
     except pct.PctError as exc:
         raise ApiError(500, str(exc)) from None
 
 
-def config_dict(vmid: int) -> dict[str, Any]:
-    conf = load(vmid)
+def config_dict(vmid: int, node: str) -> dict[str, Any]:
+    conf = load(vmid, node)
     out: dict[str, Any] = {}
     for key, value in conf.options.items():
         out[key] = int(value) if re.fullmatch(r"-?\d+", value) and key not in ("tags", "hostname") else value
@@ -105,13 +116,13 @@ def config_dict(vmid: int) -> dict[str, Any]:
         out["description"] = conf.description
     if conf.lxc:
         out["lxc"] = [[k, v] for k, v in conf.lxc]
-    with open(pct.conf_path(vmid), "rb") as fh:
+    with open(pct.conf_path(vmid, node), "rb") as fh:
         out["digest"] = hashlib.sha1(fh.read()).hexdigest()  # noqa: S324 -- PVE's config digest is SHA-1
     return out
 
 
-def status_dict(vmid: int) -> dict[str, Any]:
-    conf = load(vmid)
+def status_dict(vmid: int, node: str) -> dict[str, Any]:
+    conf = load(vmid, node)
     pid = pct.init_pid(vmid)
     return {
         "vmid": vmid, "name": conf.options.get("hostname", ""), "status": "running" if pid else "stopped",
@@ -211,29 +222,34 @@ class Api:
         return {"version": "9.1.3", "release": "9.1", "repoid": "eagle3lab"}
 
     def nodes(self, params: dict[str, str], user: str, token: bool) -> Any:
-        return [{"node": pct.NODE, "status": "online", "type": "node", "id": f"node/{pct.NODE}",
-                 "maxcpu": os.cpu_count() or 1, "level": ""}]  # fmt: skip
+        return [{"node": n, "status": "online", "type": "node", "id": f"node/{n}", "maxcpu": os.cpu_count() or 1,
+                 "level": ""} for n in pct_config.cluster_nodes()]  # fmt: skip
 
     def cluster_status(self, params: dict[str, str], user: str, token: bool) -> Any:
-        return [{"type": "node", "name": pct.NODE, "id": f"node/{pct.NODE}", "ip": "127.0.0.1", "local": 1,
-                 "online": 1, "nodeid": 0, "level": ""}]  # fmt: skip
+        nodes = pct_config.cluster_nodes()
+        return ([{"type": "cluster", "id": "cluster", "name": "eagle3lab", "nodes": len(nodes), "quorate": 1,
+                  "version": len(nodes)}] if len(nodes) > 1 else []) + [
+            {"type": "node", "name": n, "id": f"node/{n}", "ip": "127.0.0.1", "local": int(n == pct.NODE),
+             "online": 1, "nodeid": i + 1 if len(nodes) > 1 else 0, "level": ""} for i, n in enumerate(nodes)]
 
     def cluster_resources(self, params: dict[str, str], user: str, token: bool) -> Any:
         kind = params.get("type")
         out: list[dict[str, Any]] = []
+        nodes = pct_config.cluster_nodes()
         if kind in (None, "node"):
-            out += [{"id": f"node/{pct.NODE}", "type": "node", "node": pct.NODE, "status": "online"}]
+            out += [{"id": f"node/{n}", "type": "node", "node": n, "status": "online"} for n in nodes]
         if kind in (None, "vm"):
-            for vmid in pct.all_vmids():
-                st = status_dict(vmid)
-                out.append({"id": f"lxc/{vmid}", "type": "lxc", "node": pct.NODE, "vmid": vmid, "name": st["name"],
-                            "status": st["status"], "tags": st["tags"], "maxmem": st["maxmem"],
-                            "maxcpu": st["cpus"], "template": 0})  # fmt: skip
+            for node in nodes:
+                for vmid in node_vmids(node):
+                    st = status_dict(vmid, node)
+                    out.append({"id": f"lxc/{vmid}", "type": "lxc", "node": node, "vmid": vmid, "name": st["name"],
+                                "status": st["status"], "tags": st["tags"], "maxmem": st["maxmem"],
+                                "maxcpu": st["cpus"], "template": 0})  # fmt: skip
         return out
 
     def lxc_list(self, params: dict[str, str], user: str, token: bool, node: str) -> Any:
         check_node(node)
-        return [status_dict(v) for v in pct.all_vmids()]
+        return [status_dict(v, node) for v in node_vmids(node)]
 
     def lxc_create(self, params: dict[str, str], user: str, token: bool, node: str) -> Any:
         check_node(node)
@@ -242,23 +258,24 @@ class Api:
         check_root_only(params, user, token)
         params = dict(params)
         vmid = params.pop("vmid")
-        if os.path.exists(pct.conf_path(int(vmid))):
-            raise ApiError(500, f"CT {vmid} already exists on node '{pct.NODE}'")
+        owner = pct_config.node_of(int(vmid))
+        if owner:
+            raise ApiError(500, f"CT {vmid} already exists on node '{owner}'")
         template = params.pop("ostemplate")
         params.pop("node", None)
         for key in ("storage", "password", "pool", "unique", "ssh-public-keys"):
             params.pop(key, None)
-        return start_task(pct.NODE, "vzcreate", vmid, user, [["create", vmid, template, *option_args(params)]])
+        return start_task(node, "vzcreate", vmid, user, [["create", vmid, template, *option_args(params)]])
 
     def lxc_destroy(self, params: dict[str, str], user: str, token: bool, node: str, vmid: str) -> Any:
         check_node(node)
-        load(int(vmid))
+        load(int(vmid), node)
         args = ["destroy", vmid] + (["--force", "1"] if params.get("force") in ("1", "true") else [])
-        return start_task(pct.NODE, "vzdestroy", vmid, user, [args])
+        return start_task(node, "vzdestroy", vmid, user, [args])
 
     def lxc_config(self, params: dict[str, str], user: str, token: bool, node: str, vmid: str) -> Any:
         check_node(node)
-        return config_dict(int(vmid))
+        return config_dict(int(vmid), node)
 
     def lxc_update(self, params: dict[str, str], user: str, token: bool, node: str, vmid: str) -> Any:
         check_node(node)
@@ -266,31 +283,31 @@ class Api:
         check_root_only(params, user, token)
         params = {k: v for k, v in params.items() if k not in ("node", "vmid")}
         digest = params.pop("digest", None)
-        if digest and digest != config_dict(int(vmid))["digest"]:
+        if digest and digest != config_dict(int(vmid), node)["digest"]:
             raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
         if not params:
             return None
-        proc = run_pct("set", vmid, *option_args(params))
+        proc = run_pct(node, "set", vmid, *option_args(params))
         if proc.returncode != 0:
             raise ApiError(500, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "update failed")
         return None
 
     def lxc_status(self, params: dict[str, str], user: str, token: bool, node: str, vmid: str) -> Any:
         check_node(node)
-        return status_dict(int(vmid))
+        return status_dict(int(vmid), node)
 
     def lxc_action(self, action: str) -> Any:
         def handler(params: dict[str, str], user: str, token: bool, node: str, vmid: str) -> Any:
             check_node(node)
-            load(int(vmid))
+            load(int(vmid), node)
             if action == "reboot":
-                return start_task(pct.NODE, "vzreboot", vmid, user, [["stop", vmid], ["start", vmid]])
+                return start_task(node, "vzreboot", vmid, user, [["stop", vmid], ["start", vmid]])
             args = [action, vmid]
             if action == "shutdown" and params.get("forceStop") in ("1", "true"):
                 args += ["--forceStop", "1"]
             if action == "shutdown" and "timeout" in params:
                 args += ["--timeout", params["timeout"]]
-            return start_task(pct.NODE, f"vz{action}", vmid, user, [args])
+            return start_task(node, f"vz{action}", vmid, user, [args])
 
         return handler
 

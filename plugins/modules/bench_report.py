@@ -14,7 +14,7 @@ description:
     concurrency, measured in the same sweep; a point without such a baseline has none.
   - The plot shows the speedup (a dashed line at 1.0 is no speculation) and the accept length, from 0 and from 1.
   - Each file is written whole to a temporary file beside it and renamed; a failure leaves no partial file.
-  - Runs on the controller (C(delegate_to: localhost)); the plot needs matplotlib in that Python.
+  - "Runs on the controller (C(delegate_to: localhost)); the plot needs matplotlib in that Python."
 version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
@@ -35,11 +35,12 @@ options:
     description: Whether to draw C(bench.png).
     type: bool
     default: true
+extends_documentation_fragment:
+  - eagle3.ops.attributes
 attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+  check_mode: {support: full}
+  diff_mode: {support: none}
+  idempotent: {support: full}
 """
 
 EXAMPLES = r"""

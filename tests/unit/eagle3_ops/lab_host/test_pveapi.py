@@ -30,12 +30,17 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def api(tmp_path: Path):
+def api(tmp_path: Path, request):
+    nodes = getattr(request, "param", ["pve-lab"])
     root = tmp_path / "lab"
     conf_dir = root / "pve" / "nodes" / "pve-lab" / "lxc"
     conf_dir.mkdir(parents=True)
     (conf_dir / "129.conf").write_text("hostname: ct129\nmemory: 1024\ncores: 2\nswap: 0\n"
                                        "rootfs: local:129/vm-129-disk-0.raw,size=8G\n")  # fmt: skip
+    for i, node in enumerate(nodes[1:]):
+        other = root / "pve" / "nodes" / node / "lxc"
+        other.mkdir(parents=True)
+        (other / f"{141 + i}.conf").write_text(f"hostname: trainer-{node}\nmemory: 2048\ncores: 2\n")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                     "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
@@ -43,7 +48,7 @@ def api(tmp_path: Path):
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({TOKEN[0]: TOKEN[1]}))
     port = _free_port()
-    env = dict(os.environ, EAGLE3_LAB_ROOT=str(root), EAGLE3_LAB_NODE="pve-lab",
+    env = dict(os.environ, EAGLE3_LAB_ROOT=str(root), EAGLE3_LAB_NODE="pve-lab", EAGLE3_LAB_NODES=",".join(nodes),
                EAGLE3_LAB_LXC_PATH=str(tmp_path / "lxc"))  # fmt: skip
     proc = subprocess.Popen([sys.executable, str(PVEAPI), "--port", str(port), "--cert", str(cert), "--key", str(key),
                              "--tokens", str(tokens)], env=env)  # fmt: skip
@@ -143,3 +148,22 @@ def test_proxmox_ct_refusals_are_one_sentence(api, capsys):
     assert result["failed"] and "\n" not in result["msg"] and "401" in result["msg"]
     result = _ct(api, capsys, mounts=[{"mp": "/srv/x"}])
     assert result["failed"] and result["msg"] == "Mount point /srv/x needs exactly one of host_path or volume."
+
+
+@pytest.mark.parametrize("api", [["pve-lab", "pve-b"]], indirect=True, ids=["two nodes"])
+def test_a_cluster_answers_for_every_node(api, capsys):
+    status, body = _get(api, "/nodes")
+    assert [n["node"] for n in body["data"]] == ["pve-lab", "pve-b"]
+    status, body = _get(api, "/cluster/resources?type=vm")
+    assert status == 200 and sorted((r["vmid"], r["node"]) for r in body["data"]) == [(129, "pve-lab"), (141, "pve-b")]
+    status, body = _get(api, "/nodes/pve-b/lxc")
+    assert [c["vmid"] for c in body["data"]] == [141]
+    status, body = _get(api, "/nodes/pve-lab/lxc/141/config")  # asked of the wrong node, as PVE answers
+    assert status == 500 and "nodes/pve-lab/lxc/141.conf' does not exist" in body["message"]
+    _status, body = _get(api, "/cluster/status")
+    assert [e.get("name") for e in body["data"] if e["type"] == "node"] == ["pve-lab", "pve-b"]
+    # proxmox_ct refuses a VMID that the cluster has on another node, naming it
+    result = _ct(api, capsys, vmid=141, hostname="trainer-pve-b")
+    assert result["failed"] and result["msg"] == "VMID 141 is already used by trainer-pve-b on node pve-b: pick another."
+    result = _ct(api, capsys, vmid=141, node="pve-b", hostname="trainer-pve-b", memory=2048)
+    assert not result.get("failed") and result["changed"] is False

@@ -164,6 +164,7 @@ def test_a_cluster_answers_for_every_node(api, capsys):
     assert [e.get("name") for e in body["data"] if e["type"] == "node"] == ["pve-lab", "pve-b"]
     # proxmox_ct refuses a VMID that the cluster has on another node, naming it
     result = _ct(api, capsys, vmid=141, hostname="trainer-pve-b")
-    assert result["failed"] and result["msg"] == "VMID 141 is already used by trainer-pve-b on node pve-b: pick another."
+    assert result["failed"]
+    assert result["msg"] == "VMID 141 is already used by trainer-pve-b on node pve-b: pick another."
     result = _ct(api, capsys, vmid=141, node="pve-b", hostname="trainer-pve-b", memory=2048)
     assert not result.get("failed") and result["changed"] is False

@@ -58,6 +58,12 @@ options:
   hypervisor_port:
     description: ssh port of the nodes, when not 22.
     type: int
+  node_ports:
+    description:
+      - Node name to its ssh port, for nodes whose hop listens elsewhere than O(hypervisor_port) (several nodes
+        behind one address, as in the lab's fleet).
+    type: dict
+    default: {}
   status:
     description: Only containers in these states (empty for all).
     type: list
@@ -203,8 +209,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 "proxmox_lxc": [list(pair) for pair in config.get("lxc") or []],
                 "proxmox_config": {k: v for k, v in config.items() if k not in ("lxc", "digest")},
             }
-            if self.get_option("hypervisor_port"):
-                hostvars["ansible_port"] = self.get_option("hypervisor_port")
+            port = (self.get_option("node_ports") or {}).get(node) or self.get_option("hypervisor_port")
+            if port:
+                hostvars["ansible_port"] = int(port)
             for key, value in hostvars.items():
                 self.inventory.set_variable(host, key, value)
             for tag in tags:

@@ -153,3 +153,50 @@ def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
     finally:
         run_playbook("lab.yml", env=fleet_env(), timeout=900)  # the hop comes back
     assert hop_of("pve-lab2", "pct list").returncode == 0
+
+
+def test_the_inventory_plugin_finds_every_container_of_the_cluster_and_reaches_it(fleet, tmp_path):
+    cfg = tmp_path / "fleet.proxmox_ct.yml"
+    cfg.write_text(json.dumps({
+        "plugin": "eagle3.ops.proxmox_ct", "url": f"https://127.0.0.1:{LAB_API_PORT}", "token_id": "eagle3",
+        "token_secret": (LAB_STATE / "pve-token").read_text().strip(), "validate_certs": str(LAB_STATE / "pve-ca.pem"),
+        "node_addresses": {node: "127.0.0.1" for node in NODES}, "node_ports": NODES, "host_name": "vmid",
+        "compose": {"ansible_ssh_private_key_file": f"'{LAB_STATE / 'id_ed25519'}'",
+                    "ansible_ssh_common_args": f"'-o UserKnownHostsFile={LAB_STATE / 'known_hosts'} "
+                                               "-o StrictHostKeyChecking=yes'",
+                    "ansible_pct_executable": f"'{PCT}'"}}))  # fmt: skip
+    env = ansible_env(ANSIBLE_INVENTORY=str(cfg))
+    listed = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-inventory"), "--list"], env=env, capture_output=True,
+                            text=True, timeout=120, check=True)  # fmt: skip
+    data = json.loads(listed.stdout)
+    for vmid, node in CONTAINERS.items():
+        assert f"ct{vmid}" in data[f"node_{node.replace('-', '_')}"]["hosts"]
+        assert data["_meta"]["hostvars"][f"ct{vmid}"]["ansible_port"] == NODES[node]
+    pinged = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible"), "-m", "ansible.builtin.ping",
+                             ",".join(f"ct{v}" for v in CONTAINERS)], env=env, capture_output=True, text=True,
+                            timeout=300, check=False)  # fmt: skip
+    assert pinged.returncode == 0 and pinged.stdout.count("SUCCESS") == len(CONTAINERS), pinged.stdout[-3000:]
+
+
+def test_provision_creates_a_container_on_the_node_the_inventory_names(fleet, tmp_path):
+    import yaml
+
+    from tests.integration.test_provision import inventory
+
+    path = inventory(tmp_path, {"fleet-135": {"pct_vmid": 135, "pct_node": "pve-lab2", "ansible_port": NODES["pve-lab2"],
+                                              "proxmox_ct_gpus": [0], "proxmox_ct_tags": ["trainer"]}})  # fmt: skip
+    data = yaml.safe_load(path.read_text())
+    data["all"]["children"]["hypervisors"]["hosts"]["pve-lab2"] = {
+        **data["all"]["children"]["hypervisors"]["hosts"]["pve-lab"], "ansible_port": NODES["pve-lab2"],
+        "proxmox_node": "pve-lab2"}  # fmt: skip
+    path.write_text(yaml.safe_dump(data))
+    try:
+        proc = run_playbook("provision.yml", "-i", str(path), check=False)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        assert "via raw lxc lines on pve-lab2" in proc.stdout
+        assert (LAB_ROOT / "pve" / "nodes" / "pve-lab2" / "lxc" / "135.conf").exists()
+        assert not (LAB_ROOT / "pve" / "nodes" / "pve-lab" / "lxc" / "135.conf").exists()
+        assert "135" in hop_of("pve-lab2", "pct list").stdout and "135" not in hop_of("pve-lab", "pct list").stdout
+        assert node_pct("pve-lab2", "exec", "135", "--", "test", "-c", "/dev/nvidia0").returncode == 0
+    finally:
+        node_pct("pve-lab2", "destroy", "135", "--force", "1", check=False)

@@ -86,3 +86,9 @@ def test_overrides_status_filter_and_compose(tmp_path):
     assert hosts["ct131"]["gpus_x2"] == 16
     inv = build(tmp_path, extra)
     assert sorted(h.name for h in inv.groups["gpus_8"].get_hosts()) == ["ct131"]
+
+
+def test_each_node_can_have_its_own_ssh_port(tmp_path):
+    inv = build(tmp_path, "hypervisor_port: 2200\nnode_ports: {pve2: 2222}\n")
+    hosts = {h.name: h.vars for h in inv.get_hosts()}
+    assert hosts["trainer-b"]["ansible_port"] == 2222 and hosts["trainer-a"]["ansible_port"] == 2200

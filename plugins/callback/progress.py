@@ -15,6 +15,9 @@ description:
     (training epoch, step, tokens/s and power; regeneration and extraction counts; elapsed time otherwise),
     printed when it changes. On a terminal the line is updated in place.
   - With C(-vv) or more the default retry messages, with their results, are printed as before.
+  - After the recap, the wall time of the run per role (time from each task's start to the next one's, summed by
+    the role the task belongs to; tasks of the play itself count as C(play)), largest first, to show where a run
+    spends its time.
 author: eagle3-ops contributors (@eagle3-ops)
 version_added: "0.1.0"
 extends_documentation_fragment:
@@ -42,6 +45,22 @@ class CallbackModule(DefaultCallback):
         self._last_line: dict[str, str] = {}
         self._line_open = False  # a progress line on a terminal awaits its newline
         self._tty = sys.stdout.isatty()
+        self._role_seconds: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None  # (role of the running task, its start)
+        self._run_started = time.monotonic()
+
+    def _clock(self, role: str | None) -> None:
+        """Close the running task's time (charged to its role) and start the next one's."""
+        now = time.monotonic()
+        if self._current is not None:
+            name, started = self._current
+            self._role_seconds[name] = self._role_seconds.get(name, 0.0) + now - started
+        self._current = (role, now) if role is not None else None
+
+    @staticmethod
+    def _role_of(task) -> str:
+        role = getattr(task, "_role", None)
+        return role.get_name() if role is not None else "play"
 
     def _close_line(self) -> None:
         if self._line_open:
@@ -85,8 +104,20 @@ class CallbackModule(DefaultCallback):
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
         self._close_line()
+        self._clock(self._role_of(task))
         super().v2_playbook_on_task_start(task, is_conditional)
+
+    def v2_playbook_on_handler_task_start(self, task) -> None:
+        self._close_line()
+        self._clock(self._role_of(task))
+        super().v2_playbook_on_handler_task_start(task)
 
     def v2_playbook_on_stats(self, stats) -> None:
         self._close_line()
+        self._clock(None)
         super().v2_playbook_on_stats(stats)
+        if self._role_seconds:
+            total = time.monotonic() - self._run_started
+            self._display.display(f"TIME PER ROLE (wall, {total:.1f} s in all)")
+            for name, seconds in sorted(self._role_seconds.items(), key=lambda item: -item[1]):
+                self._display.display(f"  {name:<40} {seconds:7.1f} s  {seconds / total:5.1%}" if total else name)

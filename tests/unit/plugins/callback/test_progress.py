@@ -58,3 +58,36 @@ def test_verbose_runs_keep_the_default_retry_lines(callback, monkeypatch):
     monkeypatch.setattr(callback._display, "verbosity", 2)
     callback.v2_runner_retry(_retry("ct129", "ActiveState=active"))
     assert callback.shown and "FAILED - RETRYING" in callback.shown[0]
+
+
+def test_the_recap_is_followed_by_the_time_per_role(callback, monkeypatch):
+    from ansible.executor.stats import AggregateStats
+
+    clock = iter([1.0, 4.0, 4.5, 10.0, 10.0, 10.0])
+    monkeypatch.setattr("time.monotonic", lambda: next(clock))
+    callback._run_started = 0.0
+
+    class Role:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def get_name(self) -> str:
+            return self.name
+
+    def task(role: str | None):
+        from ansible.playbook.task import Task
+
+        t = Task()
+        t._role = Role(role) if role else None
+        return t
+
+    monkeypatch.setattr(type(callback).__mro__[1], "v2_playbook_on_task_start", lambda self, t, c: None)
+    monkeypatch.setattr(type(callback).__mro__[1], "v2_playbook_on_stats", lambda self, s: None)
+    callback.v2_playbook_on_task_start(task("eagle3.ops.gpu_facts"), False)  # 1.0
+    callback.v2_playbook_on_task_start(task("eagle3.ops.eagle3_train"), False)  # 4.0: gpu_facts 3 s
+    callback.v2_playbook_on_task_start(task(None), False)  # 4.5: eagle3_train 0.5 s
+    callback.v2_playbook_on_stats(AggregateStats())  # 10.0: play 5.5 s
+    lines = [line for line in callback.shown if line.startswith("  ") or line.startswith("TIME")]
+    assert lines[0] == "TIME PER ROLE (wall, 10.0 s in all)"
+    assert [line.split()[0] for line in lines[1:]] == ["play", "eagle3.ops.gpu_facts", "eagle3.ops.eagle3_train"]
+    assert "5.5 s" in lines[1] and "3.0 s" in lines[2] and "0.5 s" in lines[3]

@@ -57,7 +57,7 @@ def test_a_stopped_container_is_reported_and_the_other_cleaned(clean_lab):
     assert proc.returncode != 0
     counts = recap(proc.stdout)
     assert counts["ct130"]["unreachable"] == 1 and counts["ct129"]["failed"] == 0
-    assert "ct130: NOT CLEANED (unreachable, see above)" in proc.stdout
+    assert "ct130: NOT CLEANED (unreachable on node pve-lab, see above why)" in proc.stdout
     assert f"CT 130 on node pve-lab (hypervisor 127.0.0.1:{LAB_PORT}) is not running" in proc.stdout
     assert max(memory(129)) < 100
 

@@ -185,7 +185,8 @@ def test_provision_creates_a_container_on_the_node_the_inventory_names(fleet, tm
 
     # (on Proxmox /etc/pve/lxc is the local node's directory; the lab names the node's directory itself)
     host = {"pct_vmid": 135, "pct_node": "pve-lab2", "ansible_port": NODES["pve-lab2"], "proxmox_ct_gpus": [0],
-            "proxmox_ct_tags": ["trainer"], "proxmox_ct_conf_dir": str(LAB_ROOT / "pve/nodes/pve-lab2/lxc")}  # fmt: skip
+            "proxmox_ct_tags": ["trainer"],
+            "proxmox_ct_conf_dir": str(LAB_ROOT / "pve" / "nodes" / "pve-lab2" / "lxc")}  # fmt: skip
     path = inventory(tmp_path, {"fleet-135": host})
     data = yaml.safe_load(path.read_text())
     data["all"]["children"]["hypervisors"]["hosts"]["pve-lab2"] = {

@@ -39,13 +39,16 @@ def _remove_shared_containers():
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.parents[2].name)
-def test_molecule_scenario(lab, scenario: Path):
+def test_molecule_scenario(lab, scenario: Path, tmp_path):
     role_dir = scenario.parents[2]
     molecule = Path(sys.executable).parent / "molecule"
     env = ansible_env(ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0")
     env.pop("ANSIBLE_CONFIG", None)  # the shared base config sets it for the role
     env.pop("ANSIBLE_INVENTORY", None)  # molecule writes its own
     env.update(
+        # Molecule's state of this run only: a state left by an earlier run (a scenario that keeps its container for
+        # the next one) would make molecule skip create and prepare for a container the lab no longer has.
+        MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"),
         EAGLE3_LAB_STATE_DIR=str(LAB_STATE),
         EAGLE3_LAB_SSH_PORT=str(LAB_PORT),
         EAGLE3_LAB_API_PORT=str(LAB_API_PORT),

@@ -68,7 +68,8 @@ def fleet(lab):
     if hop_pid.exists():
         os.kill(int(hop_pid.read_text().split()[0]), signal.SIGTERM)
     close_ssh_masters()
-    run_playbook("lab.yml", timeout=900)  # back to the single-node lab: the API answers for pve-lab alone
+    # back to the single-node lab: the API answers for pve-lab alone
+    run_playbook("lab.yml", "--tags", "lab_host_api", timeout=900)
 
 
 def test_each_node_has_its_hop_and_its_pct(fleet):
@@ -153,7 +154,7 @@ def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
             assert f"{ct}: NOT CLEANED (unreachable on node pve-lab2, see above why)" in proc.stdout
         assert "ct131: holders=" in proc.stdout and "ct133: holders=" in proc.stdout
     finally:
-        run_playbook("lab.yml", env=fleet_env(), timeout=900)  # the hop comes back
+        run_playbook("lab.yml", "--tags", "lab_host_sshd", env=fleet_env(), timeout=900)  # the hop comes back
     assert hop_of("pve-lab2", "pct list").returncode == 0
 
 

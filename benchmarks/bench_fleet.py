@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,8 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip community.proxmox's connection")
     ap.add_argument("--keep", action="store_true", help="leave the bench containers for another run")
     args = ap.parse_args()
+    # A stop (SIGTERM) unwinds like Ctrl-C, so the finally below removes the link and the bench containers.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     sizes = [int(k) for k in args.sizes.split(",")]
     variables = lab_vars(args.lab_vars)
     port = int(variables.get("lab_ssh_port", 10022))

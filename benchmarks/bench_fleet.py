@@ -143,10 +143,10 @@ def main() -> int:
     linked_pct = not args.no_peer and not os.path.lexists("/usr/sbin/pct")
     if linked_pct:
         os.symlink(lab_pct, "/usr/sbin/pct")
-    print(f"creating {len(vmids)} bench containers over {', '.join(nodes)} ...", flush=True)
-    playbook("lab.yml", inventory(work, nodes, vmids, state), extra)
     rows = []
     try:
+        print(f"creating {len(vmids)} bench containers over {', '.join(nodes)} ...", flush=True)
+        playbook("lab.yml", inventory(work, nodes, vmids, state), extra)
         for k in sizes:
             inv = inventory(work, nodes, vmids[:k], state)
             peer_inv = inventory(work, nodes, vmids[:k], state, peer=True)

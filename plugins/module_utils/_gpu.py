@@ -258,15 +258,22 @@ def unit_of(pid: int, proc: str = "/proc") -> str | None:
 
 
 def unit_facts(unit: str, systemctl: str = "systemctl") -> dict[str, Any] | None:
-    """MainPID, Restart and ActiveState of a unit (``systemctl show``), or None when systemctl cannot tell."""
+    """MainPID, Restart, ActiveState and Environment of a unit (``systemctl show``), or None when systemctl cannot tell.
+
+    ``spans`` lists the hosts of a job over several nodes (``EAGLE3_TRAIN_HOSTS`` in the unit's environment, which
+    eagle3_train writes), empty for a job of one host.
+    """
     try:
-        out = subprocess.run([systemctl, "show", unit, "-p", "MainPID", "-p", "Restart", "-p", "ActiveState"],
-                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        out = subprocess.run([systemctl, "show", unit, "-p", "MainPID", "-p", "Restart", "-p", "ActiveState", "-p",
+                              "Environment"], capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
     facts: dict[str, Any] = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    hosts = [word.split("=", 1)[1] for word in str(facts.get("Environment", "")).split()
+             if word.startswith("EAGLE3_TRAIN_HOSTS=")]  # fmt: skip
+    facts["spans"] = [h for h in (hosts[-1].split(",") if hosts else []) if h]
     try:
         facts["MainPID"] = int(facts.get("MainPID") or 0)
     except ValueError:

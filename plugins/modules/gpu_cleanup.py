@@ -175,7 +175,8 @@ targets:
 units:
   description:
     - The systemd services the selected jobs run in, with C(unit), C(main_pid), C(restart), C(action) (C(stop),
-      C(stopped), C(leave)) and C(why).
+      C(stopped), C(leave)), C(why) and C(spans) (the hosts of a job over several nodes, from C(EAGLE3_TRAIN_HOSTS)
+      in the unit's environment; the gpu_cleanup role stops the unit on the others too).
   returned: always
   type: list
   elements: dict
@@ -340,7 +341,8 @@ class GpuCleanup:
         for unit in found:
             facts = unit_facts(unit) or {}
             main = facts.get("MainPID", 0)
-            entry = {"unit": unit, "main_pid": main or None, "restart": facts.get("Restart")}
+            entry = {"unit": unit, "main_pid": main or None, "restart": facts.get("Restart"),
+                     "spans": facts.get("spans", [])}  # fmt: skip
             if not facts:
                 entry.update(action="leave", why="systemctl could not tell its main process")
             elif main in job:

@@ -14,7 +14,11 @@ stderr as ``[hidden] done/total``; ``training.hs_store check`` decides afterward
 This is the path for targets vLLM cannot serve (``eagle3_data_extractor: transformers``); by default the data
 stage extracts with vLLM itself.
 
+Several hosts share the rows as generate-offline-data's ``--world-size/--rank`` do (contiguous chunks,
+``training.hs_store.shard_rows``): each writes only its own rows into the one store.
+
 Usage: python3 -m training.hidden_states --target DIR --data DATASET_DIR --layers 0 1 2 [--dtype bfloat16]
+       [--world-size N --rank R]
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ import argparse
 import os
 import sys
 import time
+
+try:
+    from .hs_store import shard_rows
+except ImportError:  # pragma: no cover - run as a loose script
+    from hs_store import shard_rows  # type: ignore[no-redef]
 
 
 def _complete(path: str, ids: list[int], layers: str) -> bool:
@@ -51,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto")
     ap.add_argument("--max-samples", type=int, default=0, help="first N rows only (0: all), as generate-offline-data")
     ap.add_argument("--progress-every", type=int, default=50)
+    ap.add_argument("--world-size", type=int, default=1, help="hosts sharing the rows (generate-offline-data's split)")
+    ap.add_argument("--rank", type=int, default=0, help="this host's share, 0..world-size-1")
     args = ap.parse_args(argv)
+    if not 0 <= args.rank < args.world_size:
+        ap.error(f"--rank {args.rank} is outside a world of {args.world_size}: give 0..{args.world_size - 1}")
     import torch
     from datasets import load_from_disk
     from safetensors.torch import save_file
@@ -89,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     for j in set(wanted):
         (model.get_input_embeddings() if j == 0 else layers[j - 1]).register_forward_hook(keep(j))
     total = min(len(data), args.max_samples) if args.max_samples > 0 else len(data)
+    mine = shard_rows(total, args.world_size, args.rank)
     done = skipped = 0
     started = time.monotonic()
     with torch.no_grad():
-        for i in range(total):
+        for i in mine:
             ids = [int(t) for t in data[i]["input_ids"]]
             path = os.path.join(out_dir, f"hs_{i}.safetensors")
             if os.path.exists(path) and _complete(path, ids, layer_tag):
@@ -110,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             done += 1
             if done % args.progress_every == 0:
                 rate = done / max(time.monotonic() - started, 1e-6)
-                print(f"[hidden] {done + skipped}/{total} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
-    print(f"[hidden] {total}/{total} done ({done} extracted, {skipped} already complete)", file=sys.stderr, flush=True)
+                print(f"[hidden] {done + skipped}/{len(mine)} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
+    share = f" (rows {mine.start}..{mine.stop - 1} of {total}, rank {args.rank} of {args.world_size})"
+    share = share if args.world_size > 1 else ""
+    print(f"[hidden] {len(mine)}/{len(mine)} done{share} ({done} extracted, {skipped} already complete)",
+          file=sys.stderr, flush=True)  # fmt: skip
     return 0
 
 

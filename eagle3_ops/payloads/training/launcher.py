@@ -11,6 +11,14 @@ tried; any other failure ends the launcher with the trainer's exit code (systemd
 resumes with the same budget). ``STATE/attempts.json`` keeps every attempt and its cause across
 restarts; ``STATE/result.json`` gets the per-epoch accuracies and tau at the end. SIGTERM is passed to
 the trainer's process group so a stop is graceful.
+
+A job over several nodes (torchrun's c10d rendezvous) runs one launcher per node. The first node's is the
+leader: it owns the save directory, the budget ladder and the result, as above, and numbers each attempt
+(``{attempt}`` in the command, for a rendezvous id per attempt). The others run with ``--follow LEADER_STATE``:
+each joins whatever attempt the leader is running, at its budget, keeps its own ``attempts.json``, abandons a
+rendezvous the leader has left, and waits for the leader's next attempt when one fails (a peer that died, a
+restarted leader). The leader reads its followers' records (``--peer-state``): an attempt whose ranks ran out
+of memory on another node backs off like one that ran out on its own.
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -34,6 +44,8 @@ except ImportError:  # pragma: no cover - run as a loose script
     import metrics  # type: ignore[no-redef]
 
 EXIT_LADDER_EXHAUSTED = 3
+FOLLOW_POLL = 1.0  # seconds between looks at the leader's attempts
+PEER_GRACE = 20.0  # seconds a leader waits for its followers to record how an attempt ended
 
 
 def _load_attempts(state: str) -> list[dict[str, Any]]:
@@ -44,12 +56,26 @@ def _load_attempts(state: str) -> list[dict[str, Any]]:
         return []
 
 
+def _save_attempts(state: str, attempts: list[dict[str, Any]]) -> None:
+    checkpoints.st.write_json_atomic(os.path.join(state, "attempts.json"), attempts)
+
+
+def _running(state: str) -> dict[str, Any] | None:
+    """The attempt a leader's state says is running, or None."""
+    attempts = _load_attempts(state)
+    return attempts[-1] if attempts and attempts[-1].get("cause") == "running" else None
+
+
 def log(message: str) -> None:
     print(f"[launcher] {message}", flush=True)
 
 
-def run_attempt(cmd: list[str], log_path: str) -> tuple[int, str]:
-    """Run the trainer in its own process group, teeing its output; (returncode, last lines)."""
+def run_attempt(cmd: list[str], log_path: str, abandon: Callable[[], bool] | None = None) -> tuple[int, str]:
+    """Run the trainer in its own process group, teeing its output; (returncode, last lines).
+
+    ``abandon`` is asked every FOLLOW_POLL seconds; once it says so the trainer is stopped (SIGTERM, then
+    SIGKILL 10 s later) and the attempt ends with the trainer's signal.
+    """
     tail: deque[str] = deque(maxlen=200)
     with open(log_path, "a", encoding="utf-8") as logf:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -61,6 +87,20 @@ def run_attempt(cmd: list[str], log_path: str) -> tuple[int, str]:
             except ProcessLookupError:
                 pass
 
+        def watch() -> None:
+            while proc.poll() is None:
+                time.sleep(FOLLOW_POLL)
+                if proc.poll() is None and abandon is not None and abandon():
+                    log("the leader left this attempt: stopping this node's trainer")
+                    forward(signal.SIGTERM, None)
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        forward(signal.SIGKILL, None)
+                    return
+
+        if abandon is not None:
+            threading.Thread(target=watch, daemon=True).start()
         previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             assert proc.stdout is not None
@@ -87,18 +127,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", required=True, help="directory for attempts.json, result.json and logs")
     ap.add_argument("--start", type=int, required=True, help="first total_seq_len to try")
     ap.add_argument("--floor", type=int, default=1024, help="smallest total_seq_len worth trying")
+    ap.add_argument("--follow", metavar="LEADER_STATE", help="run as a follower node of the leader with this state")
+    ap.add_argument("--peer-state", action="append", default=[], help="a follower's state directory (leader)")
     args = ap.parse_args(argv[:split])
     template = argv[split + 1 :]
     if not any("{total_seq_len}" in part for part in template):
         print("the trainer command must contain {total_seq_len}", file=sys.stderr)
         return 2
     os.makedirs(args.state, exist_ok=True)
-    os.makedirs(args.save_dir, exist_ok=True)
     attempts = _load_attempts(args.state)
     for earlier in attempts:
         if earlier.get("cause") == "running":
             # Its launcher died with it (SIGKILL to the whole unit, a reboot, a migration): say so.
             earlier["cause"] = "interrupted"
+    if args.follow:
+        return follow(args.follow, args.state, attempts, template)
+    os.makedirs(args.save_dir, exist_ok=True)
     exhausted = {a["total_seq_len"] for a in attempts if a.get("cause") == "out_of_memory"}
     ladder = [b for b in budgets.ladder_from(args.start, args.floor) if b not in exhausted]
     if not ladder:
@@ -112,22 +156,19 @@ def main(argv: list[str] | None = None) -> int:
         attempt = {"n": len(attempts) + 1, "total_seq_len": total, "started": time.time(),
                    "resume_from_epoch": newest.epoch if newest else None, "cause": "running"}  # fmt: skip
         attempts.append(attempt)
-        checkpoints.st.write_json_atomic(os.path.join(args.state, "attempts.json"), attempts)
+        _save_attempts(args.state, attempts)
         where = f"resuming from epoch {newest.epoch}" if newest else "from scratch"
         log(f"attempt {attempt['n']}: total_seq_len={total}, {where}")
-        cmd = [part.replace("{total_seq_len}", str(total)) for part in template]
-        rc, tail = run_attempt(cmd, os.path.join(args.state, f"attempt-{attempt['n']}.log"))
-        attempt.update(ended=time.time(), returncode=rc)
-        if rc == 0:
-            attempt["cause"] = "completed"
-        elif budgets.died_of_oom(rc, tail):
-            attempt["cause"] = "out_of_memory"
-        elif rc < 0:
-            attempt["cause"] = f"signal {signal.Signals(-rc).name}"
-        else:
-            attempt["cause"] = "error"
+        rc, tail = run_attempt(command(template, attempt), os.path.join(args.state, f"attempt-{attempt['n']}.log"))
+        attempt.update(ended=time.time(), returncode=rc, cause=cause_of(rc, tail))
+        if attempt["cause"] == "error":
             attempt["log_tail"] = tail[-2000:]
-        checkpoints.st.write_json_atomic(os.path.join(args.state, "attempts.json"), attempts)
+        if attempt["cause"] not in ("completed", "out_of_memory"):
+            peer = peer_out_of_memory(args.peer_state, attempt["n"])
+            if peer:
+                attempt.update(cause="out_of_memory", peer=peer)
+                log(f"attempt {attempt['n']}: the ranks on the node with state {peer} ran out of memory")
+        _save_attempts(args.state, attempts)
         if attempt["cause"] == "completed":
             for path in checkpoints.readable_weights(args.save_dir):
                 log(f"made {path} readable as its config.json is (safetensors wrote it 0600)")
@@ -143,6 +184,71 @@ def main(argv: list[str] | None = None) -> int:
         log(f"attempt {attempt['n']} ran out of memory at total_seq_len={total}; backing off")
     log(f"every budget down to {args.floor} ran out of memory; see attempts.json")
     return EXIT_LADDER_EXHAUSTED
+
+
+def command(template: list[str], attempt: dict[str, Any]) -> list[str]:
+    return [part.replace("{total_seq_len}", str(attempt["total_seq_len"])).replace("{attempt}", str(attempt["n"]))
+            for part in template]  # fmt: skip
+
+
+def cause_of(rc: int, tail: str) -> str:
+    if rc == 0:
+        return "completed"
+    if budgets.died_of_oom(rc, tail):
+        return "out_of_memory"
+    if rc < 0:
+        return f"signal {signal.Signals(-rc).name}"
+    return "error"
+
+
+def peer_out_of_memory(peers: list[str], n: int) -> str | None:
+    """The first follower state whose ranks ran out of memory in attempt ``n`` (waiting PEER_GRACE for them)."""
+    deadline = time.monotonic() + (PEER_GRACE if peers else 0)
+    while True:
+        pending = False
+        for peer in peers:
+            mine = [a for a in _load_attempts(peer) if a.get("n") == n]
+            if mine and mine[-1].get("cause") == "out_of_memory":
+                return peer
+            pending |= not mine or mine[-1].get("cause") == "running"
+        if not pending or time.monotonic() > deadline:
+            return None
+        time.sleep(FOLLOW_POLL)
+
+
+def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: list[str]) -> int:
+    """A follower node: join each attempt the leader runs until the leader has its result."""
+    _save_attempts(state, attempts)
+    left: set[int] = set()  # the leader's attempts this process has joined and seen end
+    log(f"following the leader's attempts in {leader}")
+    while True:
+        if os.path.exists(os.path.join(leader, "result.json")):
+            log("the leader has its result: done")
+            return 0
+        lead = _running(leader)
+        if lead is None or lead["n"] in left:
+            time.sleep(FOLLOW_POLL)
+            continue
+        n = lead["n"]
+        attempt = {"n": n, "total_seq_len": lead["total_seq_len"], "started": time.time(), "cause": "running"}
+        attempts.append(attempt)
+        _save_attempts(state, attempts)
+        log(f"joining the leader's attempt {n}: total_seq_len={lead['total_seq_len']}")
+
+        def abandoned(n: int = n) -> bool:
+            now = _running(leader)
+            return now is not None and now["n"] != n
+
+        rc, tail = run_attempt(command(template, lead), os.path.join(state, f"attempt-{n}.log"), abandoned)
+        attempt.update(ended=time.time(), returncode=rc, cause=cause_of(rc, tail))
+        if attempt["cause"] == "error":
+            attempt["log_tail"] = tail[-2000:]
+        _save_attempts(state, attempts)
+        left.add(n)
+        # Done once the leader has its result (it collects it after its own ranks end); until then a new attempt of
+        # the leader's (it restarted before writing it) is joined like any other.
+        log(f"attempt {n} ended on this node ({attempt['cause']}, rc={rc}); waiting for the leader's result or its "
+            "next attempt")  # fmt: skip
 
 
 if __name__ == "__main__":

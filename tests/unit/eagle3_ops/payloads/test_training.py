@@ -179,3 +179,94 @@ def test_vllm_acceptance_comes_from_the_counters_this_run_moved():
                                    pytest.approx(127 / 300, abs=1e-4)]  # fmt: skip
     assert got["acceptance_rate"] == pytest.approx(500 / 900, abs=1e-4)
     assert vllm_accept.judge(after, after, 0, 1)["accept_length"] is None
+
+
+# A two-node job without torch: each node's "trainer" stands for that node's torchrun. The follower's ranks run out of
+# memory above a budget (as one node with smaller GPUs would); the leader's then lose their peer, as gloo/NCCL do.
+NODE = r"""
+import os, sys, time
+role, attempt, total, shared = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+limit = int(os.environ.get("NODE_OOM_ABOVE", "0") or 0)
+if role == "follower":
+    if limit and total > limit:
+        open(os.path.join(shared, f"fail-{attempt}"), "w").close()
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+        sys.exit(1)
+    open(os.path.join(shared, f"ok-{attempt}"), "w").close()
+    print(f"follower trained attempt {attempt} at {total}", flush=True)
+    sys.exit(0)
+deadline = time.time() + 20
+while time.time() < deadline:
+    if os.path.exists(os.path.join(shared, f"fail-{attempt}")):
+        print("RuntimeError: [gloo] Connection closed by peer", flush=True)
+        sys.exit(1)
+    if os.path.exists(os.path.join(shared, f"ok-{attempt}")):
+        os.execv(sys.executable, [sys.executable, *sys.argv[5:]])
+    time.sleep(0.05)
+sys.exit(5)
+"""
+
+
+def node_launcher(tmp_path: Path, role: str, env: dict[str, str]) -> subprocess.Popen:
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    leader_state, follower_state = tmp_path / "state", tmp_path / "state" / "node-1"
+    own = ["--state", str(leader_state), "--peer-state", str(follower_state)] if role == "leader" else [
+        "--state", str(follower_state), "--follow", str(leader_state)]  # fmt: skip
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"), *own,
+           "--start", "32768", "--floor", "8192", "--", sys.executable, str(script), role, "{attempt}",
+           "{total_seq_len}", str(tmp_path), str(FAKE), "--save-path", str(tmp_path / "save"), "--total-seq-len",
+           "{total_seq_len}", "--epochs", "2"]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+
+
+def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_leader_off(tmp_path):
+    env = {"NODE_OOM_ABOVE": "16384"}
+    follower = node_launcher(tmp_path, "follower", env)  # started first: it waits for the leader's attempt
+    time.sleep(0.5)
+    leader = node_launcher(tmp_path, "leader", env)
+    out, _ = leader.communicate(timeout=120)
+    assert leader.returncode == 0, out
+    fout, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 0, fout
+    lead = json.loads((tmp_path / "state" / "attempts.json").read_text())
+    assert [(a["n"], a["total_seq_len"], a["cause"]) for a in lead] == [
+        (1, 32768, "out_of_memory"),
+        (2, 24576, "out_of_memory"),
+        (3, 16384, "completed"),
+    ]
+    assert lead[0]["peer"] == str(tmp_path / "state" / "node-1")  # the leader's own ranks only lost their peer
+    mine = json.loads((tmp_path / "state" / "node-1" / "attempts.json").read_text())
+    assert [(a["n"], a["total_seq_len"], a["cause"]) for a in mine] == [
+        (1, 32768, "out_of_memory"),
+        (2, 24576, "out_of_memory"),
+        (3, 16384, "completed"),
+    ]
+    assert json.loads((tmp_path / "state" / "result.json").read_text())["total_seq_len"] == 16384
+    assert not (tmp_path / "state" / "node-1" / "result.json").exists()  # one result, the leader's
+
+
+def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_attempt(tmp_path):
+    leader_state = tmp_path / "state"
+    leader_state.mkdir()
+    # The leader's launcher died with attempt 1 "running"; the follower joins it and waits at its rendezvous.
+    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "running"}]))
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
+           "--state", str(leader_state / "node-1"), "--follow", str(leader_state), "--start", "8192", "--",
+           sys.executable, "-c", "import sys, time; print('joined', sys.argv[1], flush=True); "
+           "time.sleep(0 if sys.argv[1] == '2' else 60)", "{attempt}", "{total_seq_len}"]  # fmt: skip
+    follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (leader_state / "node-1" / "attempt-1.log").exists():
+        time.sleep(0.1)
+    time.sleep(1)
+    # The restarted leader runs attempt 2: the follower stops waiting on attempt 1 and joins it.
+    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "interrupted"},
+                                                            {"n": 2, "total_seq_len": 8192, "cause": "running"}]))  # fmt: skip
+    out, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 0, out
+    mine = json.loads((leader_state / "node-1" / "attempts.json").read_text())
+    assert [(a["n"], a["cause"]) for a in mine] == [(1, "signal SIGTERM"), (2, "completed")]
+    assert "the leader left this attempt" in out

@@ -257,6 +257,23 @@ def unit_of(pid: int, proc: str = "/proc") -> str | None:
     return None
 
 
+_SPAN_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hr": 3600.0,
+               "d": 86400.0}  # fmt: skip
+
+
+def systemd_seconds(span: str) -> float | None:
+    """A time span as systemctl show prints it ("2min", "1min 30s", "500ms", "infinity") in seconds, or None."""
+    span = span.strip()
+    if not span or span == "infinity":
+        return None
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", span):
+        if unit not in _SPAN_UNITS and unit:
+            return None
+        total += float(number) * _SPAN_UNITS.get(unit or "s", 1.0)
+    return total
+
+
 def unit_facts(unit: str, systemctl: str = "systemctl") -> dict[str, Any] | None:
     """MainPID, Restart, ActiveState and Environment of a unit (``systemctl show``), or None when systemctl cannot tell.
 
@@ -265,12 +282,14 @@ def unit_facts(unit: str, systemctl: str = "systemctl") -> dict[str, Any] | None
     """
     try:
         out = subprocess.run([systemctl, "show", unit, "-p", "MainPID", "-p", "Restart", "-p", "ActiveState", "-p",
-                              "Environment"], capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+                              "Environment", "-p", "TimeoutStopUSec"], capture_output=True, text=True, timeout=30,
+                             check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
     facts: dict[str, Any] = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    facts["stop_timeout"] = systemd_seconds(str(facts.get("TimeoutStopUSec", "")))
     hosts = [word.split("=", 1)[1] for word in str(facts.get("Environment", "")).split()
              if word.startswith("EAGLE3_TRAIN_HOSTS=")]  # fmt: skip
     facts["spans"] = [h for h in (hosts[-1].split(",") if hosts else []) if h]

@@ -387,8 +387,11 @@ class GpuCleanup:
         active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
         if not active:
             return False
+        # systemctl stop returns once the unit has stopped, SIGKILLing it after its own TimeoutStopSec (a trainer
+        # saves an interrupt checkpoint in that time): wait that long, and a little more.
+        limit = (unit_facts(unit) or {}).get("stop_timeout") or 0
         proc = subprocess.run(["systemctl", "stop", unit], capture_output=True, text=True,
-                              timeout=max(self.p["timeout"], 10), check=False)
+                              timeout=max(self.p["timeout"], 10, limit + 15), check=False)  # fmt: skip
         if proc.returncode != 0:
             self.fail(f"systemctl stop {unit} failed ({proc.stderr.strip()}): check the unit's ExecStop.")
         return True

@@ -18,6 +18,10 @@ Two choices that are arguments, not patches, are needed with it: ``--draft-attn-
 has no CPU backward) and ``--loss-implementation eager`` (the fused loss needs Triton). This module lives
 under the lab payload only; fleets run ``torchrun -m speculators.train`` directly.
 
+In the lab each rank also holds its emulated GPU (``/dev/nvidia<LOCAL_RANK>``, ``EAGLE3_LAB_GPU_MIB`` MiB, 2048 by
+default) through the emulator's own allocation API, as a CUDA context would: ``nvidia-smi`` lists the trainer's
+ranks, and whatever frees GPUs (gpu_cleanup, the stages' checks that the GPUs are idle) sees the job.
+
 Fault injection for the lab (a CPU has no GPU memory to run out of): with ``EAGLE3_LAB_OOM_ABOVE=N`` in the
 environment, a run whose ``--total-seq-len`` is above N dies the way a GPU run does, with
 ``torch.OutOfMemoryError`` ("CUDA out of memory") before its first step.
@@ -62,6 +66,23 @@ def patch() -> None:
     checkpointer.get_current_device = lambda: "cpu"
 
 
+NVEMU = "/usr/local/lib/nvemu"  # where the lab installs its nvidia-smi emulator in every container
+_held: list[object] = []
+
+
+def hold_emulated_gpu() -> None:
+    """Hold this rank's emulated GPU for the life of the process (nothing outside the lab)."""
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not os.path.exists(os.path.join(NVEMU, "nvemu_device.py")) or not os.path.exists(f"/dev/nvidia{rank}"):
+        return
+    sys.path.insert(0, NVEMU)
+    try:
+        import nvemu_device  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(NVEMU)
+    _held.append(nvemu_device.alloc(rank, int(os.environ.get("EAGLE3_LAB_GPU_MIB", "2048"))))
+
+
 def inject_oom() -> None:
     limit = os.environ.get("EAGLE3_LAB_OOM_ABOVE")
     if not limit or "--total-seq-len" not in sys.argv:
@@ -78,6 +99,7 @@ def inject_oom() -> None:
 
 def main() -> None:
     inject_oom()
+    hold_emulated_gpu()
     patch()
     # The CLI imported maybe_setup_distributed by name before we could patch the module attribute.
     from speculators.train import cli

@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - run as a loose script
 EXIT_LADDER_EXHAUSTED = 3
 FOLLOW_POLL = 1.0  # seconds between looks at the leader's attempts
 PEER_GRACE = 20.0  # seconds a leader waits for its followers to record how an attempt ended
+STOPPING = threading.Event()  # set when the launcher itself got SIGTERM/SIGINT (a stop, not a failure)
 
 
 def _load_attempts(state: str) -> list[dict[str, Any]]:
@@ -82,6 +83,8 @@ def run_attempt(cmd: list[str], log_path: str, abandon: Callable[[], bool] | Non
                                 start_new_session=True, bufsize=1)  # fmt: skip
 
         def forward(signum: int, _frame: object) -> None:
+            if _frame is not None:  # a signal to the launcher itself: the unit is being stopped
+                STOPPING.set()
             try:
                 os.killpg(proc.pid, signum)
             except ProcessLookupError:
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         attempt.update(ended=time.time(), returncode=rc, cause=cause_of(rc, tail))
         if attempt["cause"] == "error":
             attempt["log_tail"] = tail[-2000:]
-        if attempt["cause"] not in ("completed", "out_of_memory"):
+        if attempt["cause"] not in ("completed", "out_of_memory") and not STOPPING.is_set():
             peer = peer_out_of_memory(args.peer_state, attempt["n"])
             if peer:
                 attempt.update(cause="out_of_memory", peer=peer)
@@ -177,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             checkpoints.st.write_json_atomic(os.path.join(args.state, "result.json"), result)
             log(f"done: tau={result['tau']} (best epoch {result['best_epoch']}) at total_seq_len={total}")
             return 0
+        if STOPPING.is_set():
+            log(f"stopped during attempt {attempt['n']}; a restart resumes from the newest complete epoch")
+            return 128 + signal.SIGTERM
         if attempt["cause"] != "out_of_memory":
             log(f"attempt {attempt['n']} failed ({attempt['cause']}, rc={rc}); a restart resumes from the newest "
                 "complete epoch with the same budget")  # fmt: skip
@@ -245,6 +251,9 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
             attempt["log_tail"] = tail[-2000:]
         _save_attempts(state, attempts)
         left.add(n)
+        if STOPPING.is_set():
+            log(f"stopped during attempt {n}")
+            return 128 + signal.SIGTERM
         # Done once the leader has its result (it collects it after its own ranks end); until then a new attempt of
         # the leader's (it restarted before writing it) is joined like any other.
         log(f"attempt {n} ended on this node ({attempt['cause']}, rc={rc}); waiting for the leader's result or its "

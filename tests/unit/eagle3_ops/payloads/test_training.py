@@ -265,6 +265,11 @@ def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_att
     # The restarted leader runs attempt 2: the follower stops waiting on attempt 1 and joins it.
     (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "interrupted"},
                                                             {"n": 2, "total_seq_len": 8192, "cause": "running"}]))  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and '"completed"' not in (leader_state / "node-1" / "attempts.json").read_text():
+        time.sleep(0.1)
+    assert follower.poll() is None  # its ranks are done; it waits for the leader's result
+    (leader_state / "result.json").write_text("{}")
     out, _ = follower.communicate(timeout=30)
     assert follower.returncode == 0, out
     mine = json.loads((leader_state / "node-1" / "attempts.json").read_text())

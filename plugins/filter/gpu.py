@@ -5,35 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-
-_INT_FIELDS = {
-    "index",
-    "memory.used",
-    "memory.total",
-    "memory.free",
-    "memory.reserved",
-    "utilization.gpu",
-    "utilization.memory",
-    "temperature.gpu",
-    "pid",
-    "used_memory",
-    "used_gpu_memory",
-    "count",
-}
-_FLOAT_FIELDS = {"power.draw", "power.limit"}
-
-
-def _convert(field: str, value: str) -> Any:
-    if value in ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]"):
-        return None
-    try:
-        if field in _INT_FIELDS:
-            return int(float(value))
-        if field in _FLOAT_FIELDS:
-            return float(value)
-    except ValueError as exc:
-        raise AnsibleFilterError(f"nvidia-smi field {field} has the non-numeric value {value!r}") from exc
-    return value
+from ansible_collections.eagle3.ops.plugins.module_utils._gpu import smi_rows
 
 
 def nvidia_smi_csv(text: str, fields: list[str] | str) -> list[dict[str, Any]]:
@@ -43,18 +15,10 @@ def nvidia_smi_csv(text: str, fields: list[str] | str) -> list[dict[str, Any]]:
     attribute lookups (``selectattr('memory_used', ...)``) work on them.
     """
     names = [f.strip() for f in (fields.split(",") if isinstance(fields, str) else fields) if f.strip()]
-    rows = []
-    for line in str(text).splitlines():
-        if not line.strip():
-            continue
-        values = [v.strip() for v in line.split(", ")]
-        if len(values) != len(names):
-            raise AnsibleFilterError(
-                f"nvidia-smi printed {len(values)} columns where {len(names)} were queried ({line!r}): "
-                "query with --format=csv,noheader,nounits"
-            )
-        rows.append({n.replace(".", "_"): _convert(n, v) for n, v in zip(names, values, strict=True)})
-    return rows
+    try:
+        return smi_rows(text, names)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def gpu_process_line(entry: dict[str, Any]) -> str:

@@ -302,6 +302,43 @@ def unit_facts(unit: str, systemctl: str = "systemctl") -> dict[str, Any] | None
 
 # -- nvidia-smi --------------------------------------------------------------------------------
 
+SMI_INT_FIELDS = frozenset({"index", "memory.used", "memory.total", "memory.free", "memory.reserved",
+                            "utilization.gpu", "utilization.memory", "temperature.gpu", "pid", "used_memory",
+                            "used_gpu_memory", "count"})  # fmt: skip
+SMI_FLOAT_FIELDS = frozenset({"power.draw", "power.limit"})
+SMI_MISSING = ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]")
+# What gpu_facts and eagle3_status read of each GPU, in query order.
+SMI_GPU_FIELDS = ["index", "uuid", "name", "memory.used", "memory.total", "power.draw", "power.limit",
+                  "utilization.gpu"]  # fmt: skip
+
+
+def smi_value(field: str, value: str) -> Any:
+    """One nvidia-smi CSV value, typed (ints, floats; None for N/A); ValueError names a non-numeric one."""
+    if value in SMI_MISSING:
+        return None
+    try:
+        if field in SMI_INT_FIELDS:
+            return int(float(value))
+        if field in SMI_FLOAT_FIELDS:
+            return float(value)
+    except ValueError:
+        raise ValueError(f"nvidia-smi field {field} has the non-numeric value {value!r}") from None
+    return value
+
+
+def smi_rows(text: str, fields: list[str]) -> list[dict[str, Any]]:
+    """Rows of ``--query-...=FIELDS --format=csv,noheader,nounits`` output as dicts keyed memory_used etc."""
+    rows = []
+    for line in str(text).splitlines():
+        if not line.strip():
+            continue
+        values = [v.strip() for v in line.split(", ")]
+        if len(values) != len(fields):
+            raise ValueError(f"nvidia-smi printed {len(values)} columns where {len(fields)} were queried ({line!r}): "
+                             "query with --format=csv,noheader,nounits")  # fmt: skip
+        rows.append({n.replace(".", "_"): smi_value(n, v) for n, v in zip(fields, values, strict=True)})
+    return rows
+
 
 def run_smi(nvidia_smi: list[str], query: str, fields: str) -> list[list[str]] | None:
     """Rows of an nvidia-smi CSV query, or None when nvidia-smi cannot answer."""

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -206,3 +209,158 @@ def test_provision_creates_a_container_on_the_node_the_inventory_names(fleet, tm
         assert node_pct("pve-lab2", "exec", "135", "--", "test", "-c", "/dev/nvidia0").returncode == 0
     finally:
         node_pct("pve-lab2", "destroy", "135", "--force", "1", check=False)
+
+
+# --- Data and training across the fleet's trainers (ct131 on pve-lab, ct132 on pve-lab2, one shared store) ---
+FLEET_RUN = "/srv/eagle3/runs/fleet-test"
+TRAIN = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", "eagle3_vllm_judge=false", "-e", "eagle3_train_epochs=3")
+TRAINERS = {"ct131": ("pve-lab", 131), "ct132": ("pve-lab2", 132)}
+
+
+def on_share(path: str) -> Path:
+    """Where the lab keeps a path of the shared storage (/srv/eagle3 in every container)."""
+    return LAB_ROOT / "share" / path.removeprefix("/srv/eagle3/")
+
+
+def trainer(host: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    node, vmid = TRAINERS[host]
+    return node_pct(node, "exec", str(vmid), "--", *cmd, check=check)
+
+
+def step_losses(*logs: Path) -> dict[int, float]:
+    """speculators' per-step training loss by global step (global rank 0 logs it); later attempts win."""
+    found: dict[int, float] = {}
+    for log in logs:
+        for loss, step in re.findall(r"train/loss=([-\d.e+]+),.*?global_step=(\d+)", log.read_text(), re.S):
+            found[int(step)] = float(loss)
+    return found
+
+
+@pytest.fixture(scope="module")
+def fleet_run(fleet):
+    shutil.rmtree(on_share(FLEET_RUN), ignore_errors=True)
+    yield on_share(FLEET_RUN)
+    for host in TRAINERS:
+        trainer(host, "systemctl", "stop", "eagle3-train", "eagle3-data-vllm", check=False)
+    shutil.rmtree(on_share(FLEET_RUN), ignore_errors=True)
+
+
+def test_hidden_states_shard_over_two_nodes_then_one_job_trains_over_both_and_resumes_after_a_node_dies(fleet_run):
+    # 1. The data stage over both trainers: the first regenerates; each extracts its half into the one store.
+    start = run_playbook("train.yml", *TRAIN, "-e", "eagle3_train_wait=false", env=fleet_env(), timeout=2400,
+                         check=False)  # fmt: skip
+    assert start.returncode == 0, start.stdout[-5000:]
+    store = fleet_run / "data" / "hidden_states"
+    shards = [json.loads((store / f"SHARD-{rank}-of-2.json").read_text()) for rank in (0, 1)]
+    rows = len(list(store.glob("hs_*.safetensors")))
+    assert (store / "COMPLETE.json").exists() and rows > 0
+    assert [(s["rank"], s["world"], s["first"], s["samples"]) for s in shards] == [
+        (0, 2, 0, rows // 2), (1, 2, rows // 2, rows - rows // 2)]  # fmt: skip
+    for host in TRAINERS:  # each host wrote its own logs, none shared
+        assert (fleet_run / "data" / "logs" / host / "hidden.log").stat().st_size > 0
+    # 2. One torchrun job over both: c10d rendezvous at the first trainer's bridge address, one unit per host.
+    units = {host: trainer(host, "systemctl", "cat", "eagle3-train").stdout for host in TRAINERS}
+    for host, text in units.items():
+        assert "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.203.0.31:29400" in text
+        assert f"--local-addr {IPS[int(host[2:])]}" in text and "GLOO_SOCKET_IFNAME=eth0" in text
+    assert "is_host=1" in units["ct131"] and f"--peer-state={FLEET_RUN}/train/state/node-1" in units["ct131"]
+    assert "is_host=0" in units["ct132"] and f"--follow {FLEET_RUN}/train/state" in units["ct132"]
+    # 3. Node 2's unit is killed once the first epoch is saved: the leader's ranks lose their peer, systemd restarts
+    # both, and the job resumes from the newest complete epoch.
+    save = fleet_run / "train" / "save"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (save / "0" / "training_state.json").exists():
+        time.sleep(0.5)
+    assert (save / "0" / "training_state.json").exists(), "the two-node job saved no epoch"
+    trainer("ct132", "systemctl", "kill", "-s", "KILL", "eagle3-train")
+    done = run_playbook("train.yml", *TRAIN, env=fleet_env(), timeout=1800, check=False)
+    assert done.returncode == 0, done.stdout[-5000:]
+    assert "one job over ct131, ct132" in done.stdout
+    state = fleet_run / "train" / "state"
+    leader = json.loads((state / "attempts.json").read_text())
+    follower = json.loads((state / "node-1" / "attempts.json").read_text())
+    assert leader[0]["cause"] == "error" and "Connection closed by peer" in leader[0]["log_tail"]
+    assert leader[-1]["cause"] == "completed" and leader[-1]["resume_from_epoch"] is not None
+    assert follower[-1]["n"] == leader[-1]["n"] and follower[-1]["cause"] == "completed"
+    assert json.loads((state / "result.json").read_text())["best_epoch"] is not None
+    # 4. The same training on one node (two ranks there, the same global batch) goes step for step the same way.
+    one = run_playbook("train.yml", *TRAIN, "--limit", "ct131", "--tags", "train", "-e", "eagle3_train_nproc=2",
+                       "-e", f"eagle3_train_dir={FLEET_RUN}/train-one", "-e", '{"eagle3_train_hosts": ["ct131"]}',
+                       env=fleet_env(), timeout=1200, check=False)  # fmt: skip
+    assert one.returncode == 0, one.stdout[-5000:]
+    two_nodes = step_losses(*sorted(state.glob("attempt-*.log"), key=lambda p: int(p.stem.split("-")[1])))
+    one_node = step_losses(fleet_run / "train-one" / "state" / "attempt-1.log")
+    assert len(two_nodes) == len(one_node) > 10 and sorted(two_nodes) == sorted(one_node)
+    assert all(abs(two_nodes[s] - one_node[s]) <= 0.01 for s in one_node), (two_nodes, one_node)
+
+
+def test_a_rerun_after_a_shard_host_died_extracts_only_its_missing_rows(fleet_run):
+    from eagle3_ops.payloads.training.hs_store import shard_rows
+
+    store = fleet_run / "data" / "hidden_states"
+    if not (store / "COMPLETE.json").exists():
+        pytest.skip("needs the sharded store of the test before")
+    total = len(list(store.glob("hs_*.safetensors")))
+    mine = list(shard_rows(total, 2, 1))
+    # What a shard host that died mid-way leaves: some rows never written, one cut short, no shard marker.
+    gone, cut = mine[-4:-1], mine[-1]
+    for row in gone:
+        (store / f"hs_{row}.safetensors").unlink()
+    with open(store / f"hs_{cut}.safetensors", "r+b") as fh:
+        fh.truncate(100)
+    (store / "SHARD-1-of-2.json").unlink()
+    (store / "COMPLETE.json").unlink()
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in store.glob("hs_*.safetensors")}
+    first_logs = fleet_run / "data" / "logs" / "ct131"
+    untouched = {p.name: p.stat().st_mtime_ns for p in first_logs.iterdir()}
+    proc = run_playbook("train.yml", *TRAIN, "--tags", "data", env=fleet_env(), timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in store.glob("hs_*.safetensors")}
+    redone = {name for name in after if before.get(name) != after[name]}
+    assert redone == {f"hs_{row}.safetensors" for row in [*gone, cut]}, sorted(redone)
+    assert (store / "SHARD-1-of-2.json").exists() and (store / "COMPLETE.json").exists()
+    # Shard 0 was complete: ct131 started no server and extracted nothing (its logs are as they were).
+    assert {p.name: p.stat().st_mtime_ns for p in first_logs.iterdir()} == untouched
+
+
+def test_cleanup_of_one_trainer_stops_the_multi_node_job_on_every_node(fleet_run):
+    run = run_playbook("train.yml", *TRAIN, "--tags", "train", "-e", "eagle3_train_wait=false", "-e",
+                       f"eagle3_train_dir={FLEET_RUN}/train-cleanup", "-e", "eagle3_train_epochs=50",
+                       env=fleet_env(), timeout=1200, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # both nodes' ranks hold their GPU
+        held = [trainer(h, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader").stdout.strip()
+                for h in TRAINERS]  # fmt: skip
+        if all(held):
+            break
+        time.sleep(1)
+    assert all(held), held
+    proc = run_playbook("cleanup.yml", "--limit", "ct131", env=fleet_env(), timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "(item=eagle3-train.service on ct132)" in proc.stdout
+    for host in TRAINERS:
+        assert trainer(host, "systemctl", "is-active", "eagle3-train", check=False).stdout.strip() == "inactive"
+        assert trainer(host, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader").stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"ct132": {"eagle3_train_nproc": 3}},
+         "The trainers of one job must each run as many processes, but they differ (ct131: 1, ct132: 3 processes"),
+        ({"ct132": {"eagle3_address": "10.203.0.31"}},
+         "Trainers share an address (ct131: 10.203.0.31, ct132: 10.203.0.31)"),
+        ({"ct131": {"eagle3_train_rdzv_host": "10.203.0.99"}, "ct132": {"eagle3_train_rdzv_host": "10.203.0.99"}},
+         "The rendezvous address 10.203.0.99 is no trainer's (ct131: 10.203.0.31, ct132: 10.203.0.32)"),
+    ],
+)
+def test_trainers_that_cannot_form_one_job_are_refused_before_anything_starts(fleet, tmp_path, extra, message):
+    hosts = tmp_path / "extra.yml"
+    hosts.write_text(json.dumps({"all": {"hosts": extra}}))
+    train_dir = f"{FLEET_RUN}/train-refused"
+    proc = run_playbook("train.yml", "-i", str(FLEET), "-i", str(hosts), *TRAIN, "--tags", "train", "-e",
+                        f"eagle3_train_dir={train_dir}", env=fleet_env(), timeout=600, check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert message in " ".join(proc.stdout.split()), proc.stdout[-3000:]
+    assert not on_share(train_dir).exists()  # refused before the job's directories, unit or start

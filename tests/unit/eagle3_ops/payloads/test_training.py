@@ -207,6 +207,17 @@ sys.exit(5)
 """
 
 
+@pytest.fixture
+def reap():
+    """Launchers a test started are killed (process group) whatever the test's outcome: a follower waits for ever."""
+    started: list[subprocess.Popen] = []
+    yield started.append
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def node_launcher(tmp_path: Path, role: str, env: dict[str, str]) -> subprocess.Popen:
     script = tmp_path / "node.py"
     script.write_text(NODE)
@@ -221,11 +232,13 @@ def node_launcher(tmp_path: Path, role: str, env: dict[str, str]) -> subprocess.
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
 
 
-def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_leader_off(tmp_path):
+def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_leader_off(tmp_path, reap):
     env = {"NODE_OOM_ABOVE": "16384"}
     follower = node_launcher(tmp_path, "follower", env)  # started first: it waits for the leader's attempt
+    reap(follower)
     time.sleep(0.5)
     leader = node_launcher(tmp_path, "leader", env)
+    reap(leader)
     out, _ = leader.communicate(timeout=120)
     assert leader.returncode == 0, out
     fout, _ = follower.communicate(timeout=30)
@@ -247,7 +260,7 @@ def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_lead
     assert not (tmp_path / "state" / "node-1" / "result.json").exists()  # one result, the leader's
 
 
-def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_attempt(tmp_path):
+def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_attempt(tmp_path, reap):
     leader_state = tmp_path / "state"
     leader_state.mkdir()
     # The leader's launcher died with attempt 1 "running"; the follower joins it and waits at its rendezvous.
@@ -258,13 +271,15 @@ def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_att
            "time.sleep(0 if sys.argv[1] == '2' else 60)", "{attempt}", "{total_seq_len}"]  # fmt: skip
     follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)  # fmt: skip
+    reap(follower)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (leader_state / "node-1" / "attempt-1.log").exists():
         time.sleep(0.1)
     time.sleep(1)
     # The restarted leader runs attempt 2: the follower stops waiting on attempt 1 and joins it.
-    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "interrupted"},
-                                                            {"n": 2, "total_seq_len": 8192, "cause": "running"}]))  # fmt: skip
+    restarted = [{"n": 1, "total_seq_len": 8192, "cause": "interrupted"},
+                 {"n": 2, "total_seq_len": 8192, "cause": "running"}]  # fmt: skip
+    (leader_state / "attempts.json").write_text(json.dumps(restarted))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and '"completed"' not in (leader_state / "node-1" / "attempts.json").read_text():
         time.sleep(0.1)

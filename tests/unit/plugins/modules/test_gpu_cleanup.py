@@ -159,8 +159,9 @@ def test_systemd_spans_are_read_in_seconds_and_a_multi_node_unit_names_its_hosts
     from ansible_collections.eagle3.ops.plugins.module_utils._gpu import systemd_seconds, unit_facts
 
     fake = tmp_path / "systemctl"
-    fake.write_text("#!/bin/sh\nprintf 'MainPID=41\\nRestart=on-failure\\nActiveState=active\\nEnvironment=PYTHONPATH=/opt/p "
-                    "EAGLE3_TRAIN_HOSTS=ct131,ct132 COLUMNS=200\\nTimeoutStopUSec=2min\\n'\n")  # fmt: skip
+    fake.write_text("#!/bin/sh\nprintf 'MainPID=41\\nRestart=on-failure\\nActiveState=active\\n"
+                    "Environment=PYTHONPATH=/opt/p EAGLE3_TRAIN_HOSTS=ct131,ct132 COLUMNS=200\\n"
+                    "TimeoutStopUSec=2min\\n'\n")  # fmt: skip
     fake.chmod(0o755)
     facts = unit_facts("eagle3-train", systemctl=str(fake))
     assert facts is not None and facts["MainPID"] == 41 and facts["spans"] == ["ct131", "ct132"]
@@ -168,4 +169,5 @@ def test_systemd_spans_are_read_in_seconds_and_a_multi_node_unit_names_its_hosts
 
     assert systemd_seconds("2min") == 120 and systemd_seconds("1min 30s") == 90 and systemd_seconds("500ms") == 0.5
     assert systemd_seconds("1h 2min") == 3720 and systemd_seconds("45") == 45
-    assert systemd_seconds("infinity") is None and systemd_seconds("") is None and systemd_seconds("3 fortnights") is None
+    assert systemd_seconds("infinity") is None and systemd_seconds("") is None
+    assert systemd_seconds("3 fortnights") is None

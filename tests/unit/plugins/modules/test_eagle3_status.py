@@ -1,0 +1,69 @@
+"""eagle3_status: one call reads a host's GPUs, training job and server; a part that cannot be read stays empty."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+from tests.modules import ROOT, run_module
+
+SMI = "#!/bin/sh\necho '0, GPU-aa, NVIDIA H200, 2048, 143771, 120.50, 700.00, 93'\n"
+
+
+def fake_smi(tmp_path: Path, text: str = SMI) -> list[str]:
+    path = tmp_path / "nvidia-smi"
+    path.write_text(text)
+    path.chmod(0o755)
+    return [str(path)]
+
+
+def serve_info(info: dict) -> HTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(info).encode() if self.path == "/get_server_info" else b"{}"
+            self.send_response(200 if self.path == "/get_server_info" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_one_call_reads_the_gpus_the_job_and_the_server(tmp_path, capsys):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "attempts.json").write_text(json.dumps([{"n": 2, "total_seq_len": 16384, "cause": "running"}]))
+    server = serve_info({"speculative_draft_model_path": "/srv/draft", "speculative_num_draft_tokens": 5,
+                         "internal_states": [{"avg_spec_accept_length": 2.9}]})  # fmt: skip
+    try:
+        args = {"nvidia_smi": fake_smi(tmp_path), "train_state": str(state), "python": sys.executable,
+                "payload_dir": str(ROOT / "eagle3_ops" / "payloads"),
+                "server_url": f"http://127.0.0.1:{server.server_port}"}  # fmt: skip
+        got = run_module("eagle3_status", args, check=True, capsys=capsys)
+    finally:
+        server.shutdown()
+    assert got["changed"] is False and got["gpus_read"] is True
+    assert got["gpus"] == [{"index": 0, "uuid": "GPU-aa", "name": "NVIDIA H200", "memory_used": 2048,
+                            "memory_total": 143771, "power_draw": 120.5, "power_limit": 700.0,
+                            "utilization_gpu": 93}]  # fmt: skip
+    assert got["training"]["attempt"] == 2 and got["training"]["total_seq_len"] == 16384
+    assert got["training"]["result"] is False
+    assert got["serving"] == {"draft": "/srv/draft", "draft_tokens": 5, "accept_length": 2.9}
+    assert not (state / "monitor.json").exists()  # read-only: no power sample recorded
+
+
+def test_what_cannot_be_read_is_left_empty(tmp_path, capsys):
+    broken = fake_smi(tmp_path, "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    got = run_module("eagle3_status", {"nvidia_smi": broken, "train_state": str(tmp_path / "none"),
+                                       "python": sys.executable, "payload_dir": str(tmp_path),
+                                       "server_url": "http://127.0.0.1:9", "timeout": 2}, capsys=capsys)  # fmt: skip
+    assert not got.get("failed")
+    assert got["gpus"] == [] and got["gpus_read"] is False
+    assert got["training"] is None and got["serving"] is None

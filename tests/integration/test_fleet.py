@@ -275,7 +275,7 @@ def test_hidden_states_shard_over_two_nodes_then_one_job_trains_over_both_and_re
     trainer("ct132", "systemctl", "kill", "-s", "KILL", "eagle3-train")
     done = run_playbook("train.yml", *TRAIN, env=fleet_env(), timeout=1800, check=False)
     assert done.returncode == 0, done.stdout[-5000:]
-    assert "one job over ct131, ct132" in done.stdout
+    assert all(recap(done.stdout)[host]["failed"] == 0 for host in TRAINERS)
     state = fleet_run / "train" / "state"
     leader = json.loads((state / "attempts.json").read_text())
     follower = json.loads((state / "node-1" / "attempts.json").read_text())

@@ -41,8 +41,10 @@ options:
     default: 5
 attributes:
   check_mode:
+    description: Reads the same in check mode.
     support: full
   diff_mode:
+    description: Nothing changes, so there is no diff.
     support: none
 notes:
   - Read-only; C(changed) is always false.
@@ -83,10 +85,10 @@ import json
 import os
 import subprocess
 import urllib.error
-import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 from ansible_collections.eagle3.ops.plugins.module_utils._gpu import SMI_GPU_FIELDS, smi_rows
 
 
@@ -124,7 +126,7 @@ class StatusReader:
             return None
         url = self.p["server_url"].rstrip("/") + "/get_server_info"
         try:
-            with urllib.request.urlopen(url, timeout=self.p["timeout"]) as resp:  # noqa: S310 - the host's own server
+            with open_url(url, timeout=self.p["timeout"]) as resp:
                 info = json.loads(resp.read().decode("utf-8", "replace"))
         except (OSError, urllib.error.URLError, ValueError):
             return None

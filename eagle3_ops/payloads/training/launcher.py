@@ -156,16 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         for path in moved:
             log(f"set aside the partial checkpoint {path}")
         newest = checkpoints.newest_complete(args.save_dir)
-        attempt = {"n": len(attempts) + 1, "total_seq_len": total, "started": time.time(),
-                   "resume_from_epoch": newest.epoch if newest else None, "cause": "running"}  # fmt: skip
+        attempt: dict[str, Any] = {"n": len(attempts) + 1, "total_seq_len": total, "started": time.time(),
+                                   "resume_from_epoch": newest.epoch if newest else None,
+                                   "cause": "running"}  # fmt: skip
         attempts.append(attempt)
         _save_attempts(args.state, attempts)
         where = f"resuming from epoch {newest.epoch}" if newest else "from scratch"
         log(f"attempt {attempt['n']}: total_seq_len={total}, {where}")
         rc, tail = run_attempt(command(template, attempt), os.path.join(args.state, f"attempt-{attempt['n']}.log"))
-        attempt.update(ended=time.time(), returncode=rc, cause=cause_of(rc, tail))
-        if attempt["cause"] == "error":
-            attempt["log_tail"] = tail[-2000:]
+        finish(attempt, rc, tail)
         if attempt["cause"] not in ("completed", "out_of_memory") and not STOPPING.is_set():
             peer = peer_out_of_memory(args.peer_state, attempt["n"])
             if peer:
@@ -195,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
 def command(template: list[str], attempt: dict[str, Any]) -> list[str]:
     return [part.replace("{total_seq_len}", str(attempt["total_seq_len"])).replace("{attempt}", str(attempt["n"]))
             for part in template]  # fmt: skip
+
+
+def finish(attempt: dict[str, Any], rc: int, tail: str) -> None:
+    """Record how an attempt ended (and, for an error, the end of its log)."""
+    attempt.update(ended=time.time(), returncode=rc, cause=cause_of(rc, tail))
+    if attempt["cause"] == "error":
+        attempt["log_tail"] = tail[-2000:]
 
 
 def cause_of(rc: int, tail: str) -> str:
@@ -236,7 +242,8 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
             time.sleep(FOLLOW_POLL)
             continue
         n = lead["n"]
-        attempt = {"n": n, "total_seq_len": lead["total_seq_len"], "started": time.time(), "cause": "running"}
+        attempt: dict[str, Any] = {"n": n, "total_seq_len": lead["total_seq_len"], "started": time.time(),
+                                   "cause": "running"}  # fmt: skip
         attempts.append(attempt)
         _save_attempts(state, attempts)
         log(f"joining the leader's attempt {n}: total_seq_len={lead['total_seq_len']}")
@@ -246,9 +253,7 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
             return now is not None and now["n"] != n
 
         rc, tail = run_attempt(command(template, lead), os.path.join(state, f"attempt-{n}.log"), abandoned)
-        attempt.update(ended=time.time(), returncode=rc, cause=cause_of(rc, tail))
-        if attempt["cause"] == "error":
-            attempt["log_tail"] = tail[-2000:]
+        finish(attempt, rc, tail)
         _save_attempts(state, attempts)
         left.add(n)
         if STOPPING.is_set():

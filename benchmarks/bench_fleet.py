@@ -15,7 +15,7 @@ benchmark links /usr/sbin/pct to the lab's pct for its duration (only when nothi
 temporary HOME whose known_hosts holds the lab's host keys, so host key checking stays on.
 
 Usage: python benchmarks/bench_fleet.py [--runs 3] [--sizes 1,2,4,8,16]
-       [--lab-vars inventory/lab/group_vars/all.yml ...] [--nodes pve-lab=10022,pve-lab2=10023]
+       [--lab-vars inventory/lab/group_vars/all.yml ...] [--nodes pve-lab=10022,pve-lab2=10023] [--state-dir .lab]
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def main() -> int:
     ap.add_argument("--lab-vars", nargs="+", default=[str(ROOT / "inventory" / "lab" / "group_vars" / "all.yml")],
                     help="the lab's group_vars files (a test or second lab layers its own over the first)")
     ap.add_argument("--nodes", default=None, help="node=port,... (default: lab_ssh_port and the next port)")
+    ap.add_argument("--state-dir", help="the lab's key and known_hosts (default .lab; the test lab's is .lab-test)")
     ap.add_argument("--no-peer", action="store_true", help="skip community.proxmox's connection")
     ap.add_argument("--keep", action="store_true", help="leave the bench containers for another run")
     args = ap.parse_args()
@@ -126,7 +127,9 @@ def main() -> int:
     nodes = dict((pair.split("=")[0], int(pair.split("=")[1])) for pair in args.nodes.split(",")) if args.nodes \
         else {"pve-lab": port, "pve-lab2": port + 1}  # fmt: skip
     state = Path(str(variables.get("eagle3_lab_state_dir", ROOT / ".lab")).strip())
-    if "{{" in str(state):
+    if args.state_dir:
+        state = Path(args.state_dir).resolve()
+    elif "{{" in str(state):
         state = ROOT / ".lab"
     if not (state / "known_hosts").exists():
         raise SystemExit(f"the lab is not up ({state}/known_hosts is missing): "

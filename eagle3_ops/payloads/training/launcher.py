@@ -44,6 +44,7 @@ except ImportError:  # pragma: no cover - run as a loose script
     import metrics  # type: ignore[no-redef]
 
 EXIT_LADDER_EXHAUSTED = 3
+EXIT_LEADER_GONE = 4  # a follower whose leader ran no attempt for --leader-timeout seconds
 FOLLOW_POLL = 1.0  # seconds between looks at the leader's attempts
 PEER_GRACE = 20.0  # seconds a leader waits for its followers to record how an attempt ended
 STOPPING = threading.Event()  # set when the launcher itself got SIGTERM/SIGINT (a stop, not a failure)
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", type=int, default=1024, help="smallest total_seq_len worth trying")
     ap.add_argument("--follow", metavar="LEADER_STATE", help="run as a follower node of the leader with this state")
     ap.add_argument("--peer-state", action="append", default=[], help="a follower's state directory (leader)")
+    ap.add_argument("--leader-timeout", type=float, default=1800,
+                    help="a follower stops (exit 4) after this long with no leader attempt to join")  # fmt: skip
     args = ap.parse_args(argv[:split])
     template = argv[split + 1 :]
     if not any("{total_seq_len}" in part for part in template):
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             # Its launcher died with it (SIGKILL to the whole unit, a reboot, a migration): say so.
             earlier["cause"] = "interrupted"
     if args.follow:
-        return follow(args.follow, args.state, attempts, template)
+        return follow(args.follow, args.state, attempts, template, args.leader_timeout)
     os.makedirs(args.save_dir, exist_ok=True)
     exhausted = {a["total_seq_len"] for a in attempts if a.get("cause") == "out_of_memory"}
     ladder = [b for b in budgets.ladder_from(args.start, args.floor) if b not in exhausted]
@@ -228,10 +231,15 @@ def peer_out_of_memory(peers: list[str], n: int) -> str | None:
         time.sleep(FOLLOW_POLL)
 
 
-def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: list[str]) -> int:
-    """A follower node: join each attempt the leader runs until the leader has its result."""
+def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: list[str], timeout: float) -> int:
+    """A follower node: join each attempt the leader runs until the leader has its result.
+
+    A leader that runs no attempt for ``timeout`` seconds (its node is down, its unit stopped or failed for good)
+    ends the follower with EXIT_LEADER_GONE, which systemd does not restart: the play's wait then names the unit.
+    """
     _save_attempts(state, attempts)
     left: set[int] = set()  # the leader's attempts this process has joined and seen end
+    idle_since = time.monotonic()
     log(f"following the leader's attempts in {leader}")
     while True:
         if os.path.exists(os.path.join(leader, "result.json")):
@@ -239,6 +247,10 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
             return 0
         lead = _running(leader)
         if lead is None or lead["n"] in left:
+            if time.monotonic() - idle_since > timeout:
+                log(f"the leader ({leader}) has run no attempt for {timeout:.0f} s - its node down, or its unit "
+                    "stopped or failed: stopping; start the job again with train.yml once the leader's node is back")
+                return EXIT_LEADER_GONE
             time.sleep(FOLLOW_POLL)
             continue
         n = lead["n"]
@@ -256,6 +268,7 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
         finish(attempt, rc, tail)
         _save_attempts(state, attempts)
         left.add(n)
+        idle_since = time.monotonic()
         if STOPPING.is_set():
             log(f"stopped during attempt {n}")
             return 128 + signal.SIGTERM

@@ -290,3 +290,19 @@ def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_att
     mine = json.loads((leader_state / "node-1" / "attempts.json").read_text())
     assert [(a["n"], a["cause"]) for a in mine] == [(1, "signal SIGTERM"), (2, "completed")]
     assert "the leader left this attempt" in out
+
+
+def test_a_follower_whose_leader_runs_no_attempt_stops_with_its_own_exit_code(tmp_path, reap):
+    leader_state = tmp_path / "state"
+    leader_state.mkdir()
+    # The leader's last attempt ended (its node went down before the next): nothing to join.
+    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "error"}]))
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
+           "--state", str(leader_state / "node-1"), "--follow", str(leader_state), "--leader-timeout", "2",
+           "--start", "8192", "--", sys.executable, "-c", "pass", "{total_seq_len}"]  # fmt: skip
+    follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # fmt: skip
+    reap(follower)
+    out, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 4, out  # the unit's RestartPreventExitStatus: systemd leaves it failed
+    assert "has run no attempt for 2 s" in out and "once the leader's node is back" in out

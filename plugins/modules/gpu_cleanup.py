@@ -94,6 +94,12 @@ options:
     type: list
     elements: path
     default: []
+  require_paths_optional:
+    description:
+      - Guard only the O(require_paths) whose directory exists (a checkpoint directory that was never made guards
+        nothing); a missing or incomplete file in an existing directory still refuses.
+    type: bool
+    default: false
   force:
     description: Stop the holders even when O(require_paths) are not complete.
     type: bool
@@ -217,6 +223,7 @@ freed_mib:
   type: int
 """
 
+import os
 import shlex
 import subprocess
 import time
@@ -256,6 +263,7 @@ ARGUMENT_SPEC = {
     "settle": {"type": "float", "default": 2},
     "free_threshold_mib": {"type": "int", "default": 512},
     "require_paths": {"type": "list", "elements": "path", "default": []},
+    "require_paths_optional": {"type": "bool", "default": False},
     "force": {"type": "bool", "default": False},
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
     "device_dir": {"type": "path", "default": "/dev"},
@@ -377,7 +385,9 @@ class GpuCleanup:
         """Refuse while the final checkpoint is missing or incomplete (the job may still be writing it)."""
         if not sel.holders or self.p["force"]:
             return
-        problems = [why for why in map(file_problem, self.p["require_paths"]) if why]
+        paths = [p for p in self.p["require_paths"]
+                 if not self.p["require_paths_optional"] or os.path.isdir(os.path.dirname(p))]  # fmt: skip
+        problems = [why for why in map(file_problem, paths) if why]
         if problems:
             self.fail(f"Refusing to stop {len(sel.holders)} GPU holders: {'; '.join(problems)}; the job may still be "
                       "writing its last checkpoint, so wait for it or set force: true.")

@@ -118,7 +118,14 @@ def test_checkpoint_guard(gpus, capsys, tmp_path):
     res = cleanup(gpus, capsys, require_paths=[str(final), str(tmp_path / "4" / "config.json")])
     assert res["failed"] and "past the data section" in res["msg"] and "is not complete JSON" in res["msg"]
     assert used()[0] == 703
+    # Optional guards: a path whose directory exists still refuses; one in a directory never made guards nothing.
+    res = cleanup(gpus, capsys, require_paths=[str(final)], require_paths_optional=True)
+    assert res["failed"] and "past the data section" in res["msg"]
     res = cleanup(gpus, capsys, require_paths=[str(final)], force=True)
+    assert res["changed"] and used()[0] == 3
+    workload(gpus, "--gpus", "0", "--mib", "700", "--dataloader-workers", "0")
+    res = cleanup(gpus, capsys, require_paths=[str(tmp_path / "9" / "model.safetensors")], require_paths_optional=True)
+    assert not res.get("failed"), res.get("msg")
     assert res["changed"] and used()[0] == 3
 
 

@@ -353,6 +353,7 @@ def test_cleanup_of_one_trainer_stops_the_multi_node_job_on_every_node(fleet_run
          "Trainers share an address (ct131: 10.203.0.31, ct132: 10.203.0.31)"),
         ({"ct131": {"eagle3_train_rdzv_host": "10.203.0.99"}, "ct132": {"eagle3_train_rdzv_host": "10.203.0.99"}},
          "The rendezvous address 10.203.0.99 is no trainer"),  # (YAML output doubles the apostrophe)
+        ({"ct132": {"eagle3_train_socket_ifname": "eth9"}}, "ct132 has no interface eth9 (eagle3_train_socket_ifname"),
     ],
 )
 def test_trainers_that_cannot_form_one_job_are_refused_before_anything_starts(fleet, tmp_path, extra, message):

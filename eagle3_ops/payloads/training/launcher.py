@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
             earlier["cause"] = "interrupted"
     if args.follow:
         return follow(args.follow, args.state, attempts, template, args.leader_timeout)
+    if os.path.exists(os.path.join(args.state, "result.json")):
+        # Finished (for instance by systemd's restart while a play was deciding to start it): starting it again is
+        # a no-op, never a new attempt - which, over several nodes, would wait at a rendezvous no follower joins.
+        log(f"the job is complete ({os.path.join(args.state, 'result.json')}): nothing to do")
+        return 0
     os.makedirs(args.save_dir, exist_ok=True)
     exhausted = {a["total_seq_len"] for a in attempts if a.get("cause") == "out_of_memory"}
     ladder = [b for b in budgets.ladder_from(args.start, args.floor) if b not in exhausted]

@@ -109,7 +109,13 @@ def test_oom_backs_off_down_the_ladder_and_records_each_attempt(tmp_path):
     (tmp_path / "save" / "checkpoint_best").symlink_to("3")
     os.chmod(tmp_path / "save" / "3" / "model.safetensors", 0o600)
     assert checkpoints.readable_weights(str(tmp_path / "save")) == [str(tmp_path / "save" / "3" / "model.safetensors")]
-    # A restart does not retry the budgets that ran out of memory.
+    # Started again once finished (systemd's restart raced a play's start): nothing happens, no new attempt.
+    proc = launcher(tmp_path, 32768, {"FAKE_OOM_ABOVE": "16384"})
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "the job is complete" in out
+    assert len(json.loads((tmp_path / "state" / "attempts.json").read_text())) == 3
+    # A restart of an unfinished job does not retry the budgets that ran out of memory.
+    (tmp_path / "state" / "result.json").unlink()
     proc = launcher(tmp_path, 32768, {"FAKE_OOM_ABOVE": "16384"})
     proc.communicate(timeout=60)
     attempts = json.loads((tmp_path / "state" / "attempts.json").read_text())

@@ -185,6 +185,11 @@ def render_status(rows: dict[str, dict[str, Any]]) -> str:
         watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
         lines.append(f"{host:<16}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
                      f"{(f'{util:.0f}%' if gpus else '-'):<7}{job:<44}{served}")  # fmt: skip
+    for host in sorted(h for h in rows if rows[h].get("router") is not None):
+        workers = rows[host]["router"]
+        lines.append(f"router on {host}: {len(workers)} server(s)" + "".join(
+            f"\n  {w.get('url')}  {'healthy' if w.get('healthy') else 'UNHEALTHY'}  {w.get('status') or '-'}  "
+            f"load {w.get('load') if w.get('load') is not None else '-'}" for w in workers))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -199,7 +204,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         elif event.get("event") == "playbook_on_stats":
             for record in (data.get("artifact_data") or {}).get("eagle3_status") or []:
                 rows[record["host"]] = {"state": "running", "gpus": record.get("gpus"),
-                                        "training": record.get("training"), "serving": record.get("serving")}
+                                        "training": record.get("training"), "serving": record.get("serving"),
+                                        "router": record.get("router")}  # fmt: skip
 
     result = run_playbook("status.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
                           limit=args.limit, on_event=collect)  # fmt: skip

@@ -66,5 +66,15 @@ if ! cmp -s "$sglang_lock" .venv-sglang/.installed-lock; then
   cp "$sglang_lock" .venv-sglang/.installed-lock
 fi
 # sed, not head: head closes the pipe early and ansible then prints a "Broken pipe" traceback on reruns.
+# SGLang's router (smg), pinned as the sglang_router role installs it: the unit tests of the router module
+# drive the real router.
+router_lock=roles/sglang_router/files/requirements.lock
+if [ ! -x .venv-router/bin/python ]; then
+  "$python" -m venv .venv-router
+fi
+if ! cmp -s "$router_lock" .venv-router/.installed-lock; then
+  .venv-router/bin/python -m pip install -q --no-deps -r "$router_lock"
+  cp "$router_lock" .venv-router/.installed-lock
+fi
 echo "bootstrap: ready (.venv with $(.venv/bin/ansible --version 2>/dev/null | sed -n 1p); .venv-sglang with sglang" \
   "$(.venv-sglang/bin/python -c 'from importlib.metadata import version; print(version("sglang"))'))"

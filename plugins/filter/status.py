@@ -8,7 +8,7 @@ from typing import Any
 
 def status_rows(hosts: Iterable[str], hostvars: Mapping[str, Any],
                 key: str = "__eagle3_status") -> list[dict[str, Any]]:  # fmt: skip
-    """Rows ``{host, gpus, training, serving}`` of the hosts whose ``key`` (eagle3_status's result) is set.
+    """Rows ``{host, gpus, training, serving, router}`` of the hosts whose ``key`` (eagle3_status's result) is set.
 
     One set_stats for the whole play instead of one per host: a fleet-wide status pays one task per container less.
     Hosts without a result (unreachable, failed) have no row.
@@ -18,7 +18,7 @@ def status_rows(hosts: Iterable[str], hostvars: Mapping[str, Any],
         found = hostvars[host].get(key)
         if isinstance(found, Mapping) and not found.get("skipped"):
             rows.append({"host": host, "gpus": found.get("gpus") or [], "training": found.get("training"),
-                         "serving": found.get("serving")})  # fmt: skip
+                         "serving": found.get("serving"), "router": found.get("router")})  # fmt: skip
     return rows
 
 

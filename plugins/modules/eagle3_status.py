@@ -13,7 +13,7 @@ description:
     round trip per container; each part that cannot be read is left empty and never fails the host.
   - GPUs from one C(nvidia-smi --query-gpu) (the fields gpu_facts reads); the training job from the payload's
     read-only monitor (C(training.monitor --no-record)) over its state directory; the server from SGLang's
-    C(/get_server_info).
+    C(/get_server_info); on the router's host, the router's C(/workers).
 version_added: "0.2.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
@@ -33,6 +33,10 @@ options:
     type: path
   server_url:
     description: Base URL of the host's server, asked for C(/get_server_info); empty reads no server.
+    type: str
+    default: ""
+  router_url:
+    description: Base URL of SGLang's router on this host, asked for C(/workers); empty reads no router.
     type: str
     default: ""
   timeout:
@@ -79,6 +83,11 @@ serving:
   description: The served draft, its draft tokens and the average accept length, or null when no server answers.
   returned: always
   type: dict
+router:
+  description: The router's view of its servers (url, healthy, status, load), or null when no router answers.
+  returned: always
+  type: list
+  elements: dict
 """
 
 import json
@@ -124,12 +133,7 @@ class StatusReader:
     def serving(self) -> dict[str, Any] | None:
         if not self.p["server_url"]:
             return None
-        url = self.p["server_url"].rstrip("/") + "/get_server_info"
-        try:
-            with open_url(url, timeout=self.p["timeout"]) as resp:
-                info = json.loads(resp.read().decode("utf-8", "replace"))
-        except (OSError, urllib.error.URLError, ValueError):
-            return None
+        info = self._json(self.p["server_url"].rstrip("/") + "/get_server_info")
         if not isinstance(info, dict):
             return None
         states = info.get("internal_states") or [{}]
@@ -138,10 +142,26 @@ class StatusReader:
                 "draft_tokens": info.get("speculative_num_draft_tokens"),
                 "accept_length": first.get("avg_spec_accept_length")}  # fmt: skip
 
+    def _json(self, url: str) -> Any:
+        try:
+            with open_url(url, timeout=self.p["timeout"]) as resp:
+                return json.loads(resp.read().decode("utf-8", "replace"))
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+
+    def router(self) -> list[dict[str, Any]] | None:
+        if not self.p["router_url"]:
+            return None
+        listed = self._json(self.p["router_url"].rstrip("/") + "/workers")
+        if not isinstance(listed, dict):
+            return None
+        return [{"url": w.get("url"), "healthy": w.get("is_healthy"), "status": w.get("status"), "load": w.get("load")}
+                for w in listed.get("workers") or [] if isinstance(w, dict)]  # fmt: skip
+
     def read(self) -> dict[str, Any]:
         gpus = self.gpus()
         return {"changed": False, "gpus": gpus or [], "gpus_read": gpus is not None, "training": self.training(),
-                "serving": self.serving()}  # fmt: skip
+                "serving": self.serving(), "router": self.router()}  # fmt: skip
 
 
 def main() -> None:
@@ -152,6 +172,7 @@ def main() -> None:
             "python": {"type": "path"},
             "payload_dir": {"type": "path"},
             "server_url": {"type": "str", "default": ""},
+            "router_url": {"type": "str", "default": ""},
             "timeout": {"type": "float", "default": 5},
         },
         supports_check_mode=True,

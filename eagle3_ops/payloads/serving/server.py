@@ -2,7 +2,9 @@
 
 It serves the endpoints eagle3-ops uses - ``/health``, ``/health_generate``, ``/generate``,
 ``/v1/completions`` and ``/v1/chat/completions`` (streaming or not), ``/v1/models``, and
-``/get_server_info`` (``/server_info``) with ``internal_states[0].avg_spec_accept_length`` - on top of
+``/get_server_info`` (``/server_info``) with ``internal_states[0].avg_spec_accept_length``, and
+``/v1/loads`` (``num_running_reqs``/``num_waiting_reqs``, SGLang's load report, which a rolling switch reads
+to drain a server) - on top of
 :mod:`serving.engine`. Unknown arguments are refused, as SGLang refuses them; arguments that only matter
 on GPUs (tensor parallel size, memory fraction) are accepted and reported. Decoding is greedy: a request
 with temperature > 0 gets HTTP 400 instead of silently different sampling.
@@ -14,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -65,6 +68,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def make_handler(engine: Engine, args: argparse.Namespace, name: str):
     started = time.time()
+    # Requests being answered: the engine decodes one at a time (the others wait), so at most one runs.
+    in_flight = [0]
+    in_flight_lock = threading.Lock()
+
+    def loads() -> dict[str, Any]:
+        with in_flight_lock:
+            n = in_flight[0]
+        core = {"dp_rank": 0, "timestamp": time.time(), "num_running_reqs": min(n, 1),
+                "num_waiting_reqs": max(n - 1, 0)}  # fmt: skip
+        return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": "eagle3-ops-reference",
+                "accelerator": None, "num_accelerators": 0, "loads": [core]}  # fmt: skip
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -108,6 +122,8 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 self._send(200, b"", "text/plain")
             elif path in ("/get_server_info", "/server_info"):
                 self._send(200, server_info())
+            elif path == "/v1/loads":
+                self._send(200, loads())
             elif path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "eagle3-ops",
                                                              "root": args.model_path}]})  # fmt: skip
@@ -115,6 +131,15 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 self._send(404, {"error": {"message": f"no route {path}"}})
 
         def do_POST(self) -> None:
+            with in_flight_lock:
+                in_flight[0] += 1
+            try:
+                self._post()
+            finally:
+                with in_flight_lock:
+                    in_flight[0] -= 1
+
+        def _post(self) -> None:
             path = self.path.split("?")[0]
             try:
                 body = self._body()

@@ -365,3 +365,143 @@ def test_trainers_that_cannot_form_one_job_are_refused_before_anything_starts(fl
     assert proc.returncode != 0
     assert message in " ".join(proc.stdout.split()), proc.stdout[-3000:]
     assert not on_share(train_dir).exists()  # refused before the job's directories, unit or start
+
+
+# --- Serving a fleet: two servers (one per node) behind SGLang's router on ct131 ---
+
+SERVERS = {"ct133": ("pve-lab", 133), "ct134": ("pve-lab2", 134)}
+SERVE = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft")
+ROUTER_URL = "http://10.203.0.31:30080"
+
+
+def server(host: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    node, vmid = SERVERS[host]
+    return node_pct(node, "exec", str(vmid), "--", *cmd, check=check)
+
+
+def in_container_json(host: str, url: str) -> dict:
+    """GET url from inside a container (the bridge is not routed to the lab host) as JSON."""
+    node, vmid = (TRAINERS | SERVERS)[host]
+    code = f"import urllib.request,sys;sys.stdout.write(urllib.request.urlopen({url!r},timeout=20).read().decode())"
+    return json.loads(node_pct(node, "exec", str(vmid), "--", "python3", "-c", code).stdout)
+
+
+def served_tokens(host: str) -> int | None:
+    return in_container_json(host, f"http://{IPS[int(host[2:])]}:30000/get_server_info")["speculative_num_draft_tokens"]
+
+
+def router_workers() -> dict[str, dict]:
+    return {w["url"]: w for w in in_container_json("ct131", ROUTER_URL + "/workers")["workers"]}
+
+
+class Load:
+    """tests/integration/loadgen.py in ct131, through the router, for the length of a rollout."""
+
+    def __init__(self, name: str) -> None:
+        self.dir = on_share(f"{FLEET_RUN}/load-{name}")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        shutil.copy(ROOT / "tests" / "integration" / "loadgen.py", self.dir / "loadgen.py")
+        inside = f"{FLEET_RUN}/load-{name}"
+        self.proc = subprocess.Popen(
+            [PCT, "exec", "131", "--", "python3", f"{inside}/loadgen.py", "--url", "http://127.0.0.1:30080",
+             "--concurrency", "2", "--stop", f"{inside}/stop", "--out", f"{inside}/records.json"],
+            env=dict(os.environ, EAGLE3_LAB_NODE="pve-lab"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)  # fmt: skip
+
+    def stop(self) -> list[dict]:
+        (self.dir / "stop").touch()
+        out, _ = self.proc.communicate(timeout=300)
+        assert self.proc.returncode == 0, out
+        return json.loads((self.dir / "records.json").read_text())
+
+
+def rate(records: list[dict], t0: float, t1: float) -> float:
+    """Requests completed per second between t0 and t1."""
+    return sum(1 for r in records if t0 <= r["end"] < t1 and r["status"] == 200) / max(t1 - t0, 1e-9)
+
+
+@pytest.fixture(scope="module")
+def fleet_served(fleet_run):
+    """Both servers serve the fleet's drafter at 3 draft tokens behind the router (the first deploy installs
+    the servers' runtimes and the router)."""
+    proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=3", env=fleet_env(), timeout=2400, check=False)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    yield proc
+    for host in SERVERS:
+        server(host, "systemctl", "disable", "--now", "sglang", check=False)
+    trainer("ct131", "systemctl", "disable", "--now", "sglang-router", check=False)
+
+
+def test_the_router_routes_to_both_servers_and_status_shows_its_view(fleet_served):
+    workers = router_workers()
+    assert set(workers) == {"http://10.203.0.33:30000", "http://10.203.0.34:30000"}
+    assert all(w["is_healthy"] for w in workers.values())
+    assert [served_tokens(h) for h in SERVERS] == [3, 3]
+    unit = trainer("ct131", "systemctl", "cat", "sglang-router").stdout
+    assert "smg launch" in unit
+    assert "--worker-urls http://10.203.0.33:30000 http://10.203.0.34:30000" in unit
+    status = run_playbook("status.yml", env=fleet_env(), timeout=300)
+    assert "http://10.203.0.33:30000" in status.stdout  # the router's row (set_stats) names its servers
+
+
+def test_a_rolling_switch_under_load_fails_no_request(fleet_served):
+    load = Load("switch")
+    time.sleep(5)
+    t0 = time.time()
+    proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=5", env=fleet_env(), timeout=1800, check=False)
+    t1 = time.time()
+    time.sleep(5)
+    records = load.stop()
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    failed = [r for r in records if r["status"] != 200]
+    assert not failed, failed[:5]
+    assert [served_tokens(h) for h in SERVERS] == [5, 5]
+    assert all(w["is_healthy"] for w in router_workers().values()) and len(router_workers()) == 2
+    # One server at a time: ct133 left, came back, then ct134 left.
+    out = proc.stdout
+    left = [m.start() for m in re.finditer(r"TASK \[eagle3\.ops\.sglang_router : Take the server out", out)]
+    assert len(left) == 2, out[-4000:]
+    before, during = rate(records, t0 - 5, t0), rate(records, t0, t1)
+    print(f"rolling switch: {len(records)} requests, 0 failed; {before:.2f} req/s before, {during:.2f} during "
+          f"({during / before:.2f}x) over {t1 - t0:.0f} s")  # fmt: skip
+    assert during > 0
+
+
+def test_a_server_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(fleet_served):
+    units = {h: server(h, "cat", "/etc/systemd/system/sglang.service").stdout for h in SERVERS}
+    load = Load("rollback")
+    time.sleep(3)
+    proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=4", "-e", "sglang_serve_min_accept_length=50",
+                        env=fleet_env(), timeout=1800, check=False)  # fmt: skip
+    time.sleep(3)
+    records = load.stop()
+    assert proc.returncode != 0
+    text = " ".join(proc.stdout.split())
+    assert "ct133" in recap(proc.stdout) and recap(proc.stdout)["ct133"]["failed"] == 1, proc.stdout[-4000:]
+    assert "Rolled back to the previous unit (previous service restored, healthy" in text
+    assert "back behind the router" in text
+    assert "ct134" not in recap(proc.stdout) or recap(proc.stdout)["ct134"]["changed"] == 0
+    assert [r for r in records if r["status"] != 200] == []
+    assert {h: server(h, "cat", "/etc/systemd/system/sglang.service").stdout for h in SERVERS} == units
+    assert [served_tokens(h) for h in SERVERS] == [5, 5]
+    assert len(router_workers()) == 2 and all(w["is_healthy"] for w in router_workers().values())
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-e", "eagle3_router_url=http://10.203.0.99:30080"],
+         "ct133, ct134 cannot reach the router at http://10.203.0.99:30080"),
+        (["-e", "sglang_serve_host=127.0.0.1"],
+         "ct133 binds its server to 127.0.0.1 (sglang_serve_host), which the router on ct131 cannot reach"),
+    ],
+)
+def test_a_router_the_servers_cannot_use_is_refused_before_anything_restarts(fleet_served, extra, message):
+    units = {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS}
+    proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=6", *extra, env=fleet_env(), timeout=900,
+                        check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert message in " ".join(proc.stdout.split()), proc.stdout[-3000:]
+    assert {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS} == units
+    assert [served_tokens(h) for h in SERVERS] == [5, 5]

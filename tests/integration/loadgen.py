@@ -1,0 +1,62 @@
+"""A load generator for the rolling-switch tests: runs in a lab container (stdlib only), sends greedy
+/generate requests through the router with a fixed concurrency until a stop file appears, and writes one
+record per request (start, end, HTTP status, error) as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--stop", required=True, help="stop once this file exists")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    records: list[dict] = []
+    lock = threading.Lock()
+    prompts = ["Explain speculative decoding briefly.", "List three uses of a router.", "What is a draft model?"]
+
+    def worker(n: int) -> None:
+        i = 0
+        while not os.path.exists(args.stop):
+            body = json.dumps({"text": prompts[(n + i) % len(prompts)],
+                               "sampling_params": {"max_new_tokens": args.max_tokens, "temperature": 0}}).encode()
+            req = urllib.request.Request(args.url + "/generate", data=body,  # noqa: S310 - the lab's own router
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            t0 = time.time()
+            rec: dict = {"start": t0}
+            try:
+                with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - the lab's own router
+                    out = json.loads(resp.read())
+                rec.update(status=resp.status, tokens=(out.get("meta_info") or {}).get("completion_tokens"))
+            except urllib.error.HTTPError as exc:
+                rec.update(status=exc.code, error=exc.read().decode("utf-8", "replace")[:300])
+            except Exception as exc:  # every failure is a record
+                rec.update(status=0, error=repr(exc)[:300])
+            rec["end"] = time.time()
+            with lock:
+                records.append(rec)
+            i += 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(records, fh)
+    os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()

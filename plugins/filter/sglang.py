@@ -8,10 +8,12 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:  # installed collection (and ansible-test); tests load the file directly and go through sys.path
+    from ansible_collections.eagle3.ops.plugins.module_utils._bench import label as _label
     from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import RETRAIN_FLAGS, ExportError
     from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import sglang_line as _line
 except ImportError:  # pragma: no cover
     _line = None  # type: ignore[assignment]
+    _label = None  # type: ignore[assignment]
 
 DOCUMENTATION = r"""
 name: sglang_speculative_args
@@ -111,16 +113,20 @@ BENCH_FIELDS = ("completed", "duration", "total_output_tokens", "output_throughp
 
 
 def bench_point(pair: Any, draft_tokens: Any, host: str) -> dict[str, Any]:
-    """One benchmark point from (client result, concurrency): bench_serving's fields, labelled."""
+    """One benchmark point from (client result, concurrency): bench_serving's fields, labelled with its setting
+    (draft_tokens: a number, null for the baseline, or a {draft_tokens, topk, steps} setting)."""
     result, concurrency = pair
     if not isinstance(result, dict):
         raise AnsibleFilterError(f"benchmark output is not a JSON object: {result!r}")
     point = {k: result.get(k) for k in BENCH_FIELDS}
     if point["accept_length"] is None:  # older bench_serving names
         point["accept_length"] = result.get("spec_accept_length") or result.get("avg_spec_accept_length")
-    dt = None if draft_tokens in (None, "", "baseline") else int(draft_tokens)
-    point.update(max_concurrency=int(concurrency), draft_tokens=dt, host=host,
-                 label="baseline" if dt is None else str(dt))
+    setting = draft_tokens if isinstance(draft_tokens, dict) else {"draft_tokens": draft_tokens}
+    dt = None if setting.get("draft_tokens") in (None, "", "baseline") else int(setting["draft_tokens"])
+    topk = int(setting.get("topk") or 1) if dt is not None else None
+    steps = (int(setting["steps"]) if setting.get("steps") else dt - 1) if dt is not None else None
+    point.update(max_concurrency=int(concurrency), draft_tokens=dt, topk=topk, steps=steps, host=host)
+    point["label"] = _label(point) if _label else str(dt or "baseline")
     return point
 
 

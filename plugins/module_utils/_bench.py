@@ -23,6 +23,53 @@ def fmt(value: Any, digits: int = 1) -> str:
     return "-" if value is None else (f"{value:.{digits}f}" if isinstance(value, (int, float)) else str(value))
 
 
+def label(p: dict[str, Any]) -> str:
+    """A configuration's name: ``baseline``, ``N`` (a chain of N draft tokens) or ``N (tree topk K, S steps)``."""
+    if p.get("draft_tokens") is None:
+        return "baseline"
+    topk = p.get("topk") or 1
+    return str(p["draft_tokens"]) if topk == 1 else f"{p['draft_tokens']} (tree topk {topk}, {p.get('steps')} steps)"
+
+
+OBJECTIVES = {"throughput": ("output_throughput", max, "output tok/s"), "itl": ("median_itl_ms", min, "ITL p50 ms")}
+
+
+def choose(points: list[dict[str, Any]], objective: str = "throughput", concurrency: int | None = None,
+           engine: str | None = None, insist: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The best configuration at one concurrency of one engine by the objective - output throughput (higher is
+    better) or p50 inter-token latency (lower is better) - against that engine's baseline of the same sweep.
+
+    When no drafted configuration beats the baseline the choice is no speculation, unless ``insist``.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    field, pick, unit = OBJECTIVES[objective]
+    here = [p for p in points if (engine is None or p.get("engine") == engine) and p.get(field) is not None
+            and (concurrency is None or p["max_concurrency"] == int(concurrency))]  # fmt: skip
+    base = next((p for p in here if p.get("draft_tokens") is None), None)
+    drafted = [p for p in here if p.get("draft_tokens") is not None]
+    if base is None or not drafted:
+        raise ValueError(f"the sweep has no baseline and drafted points with {field} at concurrency {concurrency} "
+                         f"of engine {engine}: nothing to choose from")  # fmt: skip
+    best = pick(drafted, key=lambda p: p[field])
+    beats = pick(best[field], base[field]) == best[field] and best[field] != base[field]
+    chosen = best if beats or insist else base
+    ratio = round(best[field] / base[field], 3) if base[field] else None
+    verdict = (f"{label(best)} draft tokens: {fmt(best[field])} {unit} against {fmt(base[field])} without speculation "
+               f"({ratio}x)")  # fmt: skip
+    if beats:
+        sentence = f"Chosen {verdict}, the best of {len(drafted)} settings at concurrency {best['max_concurrency']}."
+    elif insist:
+        sentence = f"No setting beats the baseline; serving the best anyway (insisted): {verdict}."
+    else:
+        sentence = f"No setting beats the baseline (best: {verdict}): serving without speculation."
+    return {"speculative": chosen is not base, "draft_tokens": chosen.get("draft_tokens"),
+            "topk": chosen.get("topk") or (1 if chosen is not base else None), "steps": chosen.get("steps"),
+            "label": label(chosen), "objective": objective, "value": chosen[field], "baseline_value": base[field],
+            "best_label": label(best), "best_value": best[field], "ratio": ratio, "beats_baseline": beats,
+            "concurrency": best["max_concurrency"], "engine": best.get("engine"), "sentence": sentence}  # fmt: skip
+
+
 def check_points(points: Any) -> list[str]:
     """What is wrong with the points, one sentence each (empty when they can be reported)."""
     if not isinstance(points, list) or not points:
@@ -46,14 +93,19 @@ def speedups(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(points: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    order = sorted(points, key=lambda p: (p.get("draft_tokens") or 0, str(p.get("engine")), p["max_concurrency"]))
+    order = sorted(points, key=lambda p: (p.get("draft_tokens") or 0, p.get("topk") or 1, str(p.get("engine")),
+                                          p["max_concurrency"]))  # fmt: skip
+    chosen = meta.get("chosen") if isinstance(meta.get("chosen"), dict) else None
     lines = [f"# EAGLE-3 benchmark: {meta.get('target', '?')}", ""]
     lines += [f"- {k}: {meta[k]}" for k in META_KEYS if meta.get(k)]
+    if chosen:
+        lines += [f"- choice ({chosen.get('objective')}): {chosen.get('sentence')}"]
     lines += ["", "Speedup: output throughput over the same engine's baseline (no speculation) at the same "
               "concurrency.", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for p in order:
-        cells = ["baseline" if p.get("draft_tokens") is None else str(p["draft_tokens"]), str(p.get("engine") or "?"),
+        mark = " (chosen)" if chosen and _is_chosen(p, chosen) else ""
+        cells = [label(p) + mark, str(p.get("engine") or "?"),
                  str(p["max_concurrency"]), fmt(p.get("output_throughput")), fmt(p.get("speedup"), 2),
                  fmt(p.get("median_ttft_ms")), fmt(p.get("p99_ttft_ms")), fmt(p.get("median_itl_ms")),
                  fmt(p.get("p99_itl_ms")), fmt(p.get("accept_length"), 2)]  # fmt: skip
@@ -61,7 +113,12 @@ def markdown(points: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(points: list[dict[str, Any]], path: str, title: str) -> None:
+def _is_chosen(p: dict[str, Any], chosen: dict[str, Any]) -> bool:
+    return (label(p) == chosen.get("label") and p["max_concurrency"] == chosen.get("concurrency")
+            and p.get("engine") == chosen.get("engine"))  # fmt: skip
+
+
+def plot(points: list[dict[str, Any]], path: str, title: str, chosen: dict[str, Any] | None = None) -> None:
     """Speedup over each engine's own baseline (the dashed 1.0 line) and accept length, axes from 0 and 1."""
     import matplotlib
 
@@ -69,24 +126,32 @@ def plot(points: list[dict[str, Any]], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = sorted({(p.get("engine") or "?", p["max_concurrency"]) for p in points if p.get("draft_tokens")})
+    series = sorted({(p.get("engine") or "?", p["max_concurrency"], p.get("topk") or 1) for p in points
+                     if p.get("draft_tokens")})  # fmt: skip
     top_speed, top_acc = 1.0, 1.0
-    for engine, conc in series:
+    for engine, conc, topk in series:
         spec = sorted((p for p in points if p.get("draft_tokens") and p["max_concurrency"] == conc
-                       and (p.get("engine") or "?") == engine), key=lambda p: p["draft_tokens"])  # fmt: skip
-        label = f"{engine}, concurrency {conc}"
+                       and (p.get("engine") or "?") == engine and (p.get("topk") or 1) == topk),
+                      key=lambda p: p["draft_tokens"])  # fmt: skip
+        name = f"{engine}, concurrency {conc}" + (f", tree topk {topk}" if topk > 1 else "")
         sped = [p for p in spec if p.get("speedup") is not None]
         color = None
         if sped:
             color = ax1.plot([p["draft_tokens"] for p in sped], [p["speedup"] for p in sped], marker="o",
-                             label=label)[0].get_color()  # fmt: skip
+                             label=name)[0].get_color()  # fmt: skip
             top_speed = max(top_speed, *(p["speedup"] for p in sped))
         acc = [p for p in spec if p.get("accept_length") is not None]
         if acc:
             ax2.plot([p["draft_tokens"] for p in acc], [p["accept_length"] for p in acc], marker="o", color=color,
-                     label=label)  # fmt: skip
+                     label=name)  # fmt: skip
             top_acc = max(top_acc, *(p["accept_length"] for p in acc))
-    ax1.axhline(1.0, linestyle="--", color="grey", label="no speculation (same engine)")
+    picked = [p for p in points if chosen and p.get("draft_tokens") and p.get("speedup") is not None
+              and _is_chosen(p, chosen)]  # fmt: skip
+    if picked:
+        ax1.scatter([p["draft_tokens"] for p in picked], [p["speedup"] for p in picked], marker="*", s=260,
+                    color="gold", edgecolors="black", zorder=5, label=f"chosen: {chosen['label']}")  # fmt: skip
+    ax1.axhline(1.0, linestyle="--", color="grey", label="no speculation (same engine)" + (
+        " - chosen" if chosen and not chosen.get("speculative") else ""))  # fmt: skip
     ax1.set_ylim(0, top_speed * 1.15)
     ax2.set_ylim(1, top_acc * 1.1 + 0.1)
     ax1.set(xlabel="draft tokens", ylabel="speedup over the baseline", title="Output throughput vs no speculation")

@@ -109,7 +109,8 @@ class BenchReport:
         try:
             os.makedirs(self.dest, exist_ok=True)
             if p["plot"]:
-                self._write("bench.png", lambda t: plot(points, t, f"EAGLE-3: {p['meta'].get('target', '')}"))
+                self._write("bench.png", lambda t: plot(points, t, f"EAGLE-3: {p['meta'].get('target', '')}",
+                                                        p["meta"].get("chosen")))  # fmt: skip
             self._write("bench.md", lambda t: _text(t, table))
             self._write("bench.json", lambda t: _text(t, body))
         except ImportError as exc:

@@ -90,6 +90,8 @@ def test_bench_point_labels_and_fields():
     point = bench_point([result, "4"], "16", "ct130")
     assert point["max_concurrency"] == 4 and point["draft_tokens"] == 16 and point["label"] == "16"
     assert point["accept_length"] == 2.9 and "extra" not in point and point["host"] == "ct130"
+    tree = bench_point([result, 4], {"draft_tokens": 16, "topk": 4, "steps": 3}, "ct130")
+    assert (tree["topk"], tree["steps"], tree["label"]) == (4, 3, "16 (tree topk 4, 3 steps)")
     base = bench_point([{"output_throughput": 200.0}, 1], None, "ct130")
     assert base["draft_tokens"] is None and base["label"] == "baseline"
     with pytest.raises(AnsibleFilterError, match="not a JSON object"):

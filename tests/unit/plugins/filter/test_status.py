@@ -17,7 +17,8 @@ def test_rows_of_the_hosts_that_answered():
                                           "changed": False}},
                 "b": {}, "c": {"__eagle3_status": {"skipped": True}}}  # fmt: skip
     assert status_rows(["a", "b", "c"], hostvars) == [
-        {"host": "a", "gpus": [{"index": 0}], "training": None, "serving": {"draft_tokens": 5}}]  # fmt: skip
+        {"host": "a", "gpus": [{"index": 0}], "training": None, "serving": {"draft_tokens": 5},
+         "router": None}]  # fmt: skip
 
 
 def test_one_set_stats_carries_every_host(tmp_path: Path):

@@ -157,15 +157,23 @@ class RouterWorker:
             return {"changed": False, "workers": before}
         if self.check_mode:
             return {"changed": mine is None, "workers": before}
+        added = mine is None
         if mine is None:
             try:
                 self._call("POST", self.router + "/workers", {"url": self.url})
+            except urllib.error.HTTPError as exc:
+                if exc.code != 409:
+                    raise RouterError(f"The router at {self.router} refused to add {self.url} ({exc}): check the "
+                                      "URL and that the router's host reaches the server.") from None  # fmt: skip
+                # 409: the router is adding it already (the workers of its command line, retried until they
+                # answer); it is listed once that completes.
+                added = False
             except (OSError, urllib.error.URLError, ValueError) as exc:
                 raise RouterError(f"The router at {self.router} refused to add {self.url} ({exc}): check the URL "
                                   "and that the router's host reaches the server.") from None  # fmt: skip
         after = self._wait(lambda w: w is not None and w.get("is_healthy") is not False
                            and w.get("status", "ready") == "ready", "list as healthy")  # fmt: skip
-        return {"changed": mine is None, "workers": after}
+        return {"changed": added, "workers": after}
 
     def absent(self, before: list[dict[str, Any]]) -> dict[str, Any]:
         mine = self.mine(before)

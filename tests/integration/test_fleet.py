@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -370,7 +371,8 @@ def test_trainers_that_cannot_form_one_job_are_refused_before_anything_starts(fl
 # --- Serving a fleet: two servers (one per node) behind SGLang's router on ct131 ---
 
 SERVERS = {"ct133": ("pve-lab", 133), "ct134": ("pve-lab2", 134)}
-SERVE = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft")
+SERVE = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
+         "-e", f"eagle3_draft_source={FLEET_RUN}/train-serve/save/checkpoint_best")  # fmt: skip
 ROUTER_URL = "http://10.203.0.31:30080"
 
 
@@ -423,8 +425,13 @@ def rate(records: list[dict], t0: float, t1: float) -> float:
 
 @pytest.fixture(scope="module")
 def fleet_served(fleet_run):
-    """Both servers serve the fleet's drafter at 3 draft tokens behind the router (the first deploy installs
-    the servers' runtimes and the router)."""
+    """Both servers serve a drafter at 3 draft tokens behind the router (the first deploy installs the servers'
+    runtimes and the router). The drafter: the fleet's data, trained on ct131 as long as the one-node lab trains
+    (15 epochs; the fleet tests' 3 epochs accept nothing and the accept-length gate refuses them)."""
+    train = run_playbook("train.yml", *TRAIN, "--limit", "ct131", "-e", "eagle3_train_epochs=15", "-e",
+                         f"eagle3_train_dir={FLEET_RUN}/train-serve", "-e", '{"eagle3_train_hosts": ["ct131"]}',
+                         env=fleet_env(), timeout=1800, check=False)  # fmt: skip
+    assert train.returncode == 0, train.stdout[-5000:]
     proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=3", env=fleet_env(), timeout=2400, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:]
     yield proc
@@ -441,8 +448,15 @@ def test_the_router_routes_to_both_servers_and_status_shows_its_view(fleet_serve
     unit = trainer("ct131", "systemctl", "cat", "sglang-router").stdout
     assert "smg launch" in unit
     assert "--worker-urls http://10.203.0.33:30000 http://10.203.0.34:30000" in unit
-    status = run_playbook("status.yml", env=fleet_env(), timeout=300)
-    assert "http://10.203.0.33:30000" in status.stdout  # the router's row (set_stats) names its servers
+    # eagle3-ops status: the setting each server runs and the router's view of them
+    status = subprocess.run([sys.executable, "-m", "eagle3_ops.cli", "status", "-i", str(FLEET)], cwd=ROOT,
+                            env=dict(fleet_env(), EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test")),
+                            capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert status.returncode == 0, status.stdout + status.stderr
+    rows = {line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("ct13")}
+    assert all(re.search(r"draft x3 accept \d", rows[h]) for h in SERVERS), status.stdout
+    assert "router on ct131: 2 server(s)" in status.stdout
+    assert re.search(r"http://10\.203\.0\.33:30000  healthy  ready", status.stdout), status.stdout
 
 
 def test_a_rolling_switch_under_load_fails_no_request(fleet_served):
@@ -505,3 +519,59 @@ def test_a_router_the_servers_cannot_use_is_refused_before_anything_restarts(fle
     assert message in " ".join(proc.stdout.split()), proc.stdout[-3000:]
     assert {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS} == units
     assert [served_tokens(h) for h in SERVERS] == [5, 5]
+
+
+AUTO = ("-e", "draft_tokens=auto", "-e", "eagle3_auto_prompts=/srv/eagle3/prompts/lab-prompts.jsonl", "-e",
+        '{"eagle3_auto_space": [3, 5]}', "-e", "eagle3_auto_num_prompts=8",
+        "-e", "eagle3_auto_concurrency=2")  # fmt: skip
+
+
+def test_draft_tokens_auto_benchmarks_chooses_deploys_and_keeps_its_choice(fleet_served):
+    reports = LAB_STATE / "reports"
+    shutil.rmtree(reports / "auto", ignore_errors=True)
+    first = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", env=fleet_env(), timeout=2400,
+                         check=False)  # fmt: skip
+    assert first.returncode == 0, first.stdout[-6000:]
+    kept = json.loads(next((reports / "auto").glob("choice-*.json")).read_text())
+    choice, report = kept["choice"], Path(kept["report"])
+    table = (report / "bench.md").read_text()
+    assert (report / "bench.png").stat().st_size > 0 and "(chosen)" in table and choice["sentence"] in table
+    # The pick is the sweep's best output throughput at concurrency 2, or no speculation if none beat the baseline.
+    points = [p for p in json.loads((report / "bench.json").read_text())["points"] if p["max_concurrency"] == 2]
+    assert sorted(p["label"] for p in points) == ["3", "5", "baseline"]
+    best = max((p for p in points if p["draft_tokens"]), key=lambda p: p["output_throughput"])
+    base = next(p for p in points if p["draft_tokens"] is None)
+    want = best["draft_tokens"] if best["output_throughput"] > base["output_throughput"] else None
+    assert choice["draft_tokens"] == want and choice["speculative"] is (want is not None)
+    assert [served_tokens(h) for h in SERVERS] == [want, want]
+    assert len(router_workers()) == 2 and all(w["is_healthy"] for w in router_workers().values())
+    # The same draft, target and workload again: the choice is kept, nothing is benchmarked or restarted.
+    again = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", env=fleet_env(),
+                         timeout=1200, check=False)  # fmt: skip
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert "nothing benchmarked" in again.stdout and "Measure the configuration" not in again.stdout
+    assert all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
+    # Another workload (output length): benchmarked again.
+    other = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=24", env=fleet_env(),
+                         timeout=2400, check=False)  # fmt: skip
+    assert other.returncode == 0, other.stdout[-4000:]
+    assert "Measure the configuration" in other.stdout and len(list((reports / "auto").glob("choice-*.json"))) == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-e", "eagle3_auto_prompts=", "-e", "spec_bench_prompts="],
+         "draft_tokens=auto benchmarks the workload the servers will see, but no prompts are given"),
+        (["-e", '{"eagle3_auto_space": [5, {"draft_tokens": 8, "steps": 3}]}'],
+         "search space entry 2 ({'draft_tokens': 8, 'steps': 3}): chain drafting (topk 1) verifies steps + 1 tokens"),
+        (["-e", '{"eagle3_auto_space": [{"draft_tokens": 8, "topk": 2, "steps": 3}]}'],
+         "the lab's reference engine drafts chains only"),
+    ],
+)
+def test_draft_tokens_auto_refuses_bad_input_before_anything_restarts(fleet_served, extra, message):
+    units = {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS}
+    proc = run_playbook("deploy.yml", *SERVE, *AUTO, *extra, env=fleet_env(), timeout=900, check=False)
+    assert proc.returncode != 0
+    assert message in " ".join(proc.stdout.split()).replace("''", "'"), proc.stdout[-3000:]
+    assert {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS} == units

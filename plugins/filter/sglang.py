@@ -126,7 +126,7 @@ def bench_point(pair: Any, draft_tokens: Any, host: str) -> dict[str, Any]:
     topk = int(setting.get("topk") or 1) if dt is not None else None
     steps = (int(setting["steps"]) if setting.get("steps") else dt - 1) if dt is not None else None
     point.update(max_concurrency=int(concurrency), draft_tokens=dt, topk=topk, steps=steps, host=host)
-    point["label"] = _label(point) if _label else str(dt or "baseline")
+    point["label"] = _label(point) if _label is not None else str(dt or "baseline")
     return point
 
 

@@ -149,7 +149,8 @@ def plot(points: list[dict[str, Any]], path: str, title: str, chosen: dict[str, 
               and _is_chosen(p, chosen)]  # fmt: skip
     if picked:
         ax1.scatter([p["draft_tokens"] for p in picked], [p["speedup"] for p in picked], marker="*", s=260,
-                    color="gold", edgecolors="black", zorder=5, label=f"chosen: {chosen['label']}")  # fmt: skip
+                    color="gold", edgecolors="black", zorder=5,
+                    label=f"chosen: {(chosen or {}).get('label')}")  # fmt: skip
     ax1.axhline(1.0, linestyle="--", color="grey", label="no speculation (same engine)" + (
         " - chosen" if chosen and not chosen.get("speculative") else ""))  # fmt: skip
     ax1.set_ylim(0, top_speed * 1.15)

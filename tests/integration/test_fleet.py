@@ -551,9 +551,9 @@ def test_draft_tokens_auto_benchmarks_chooses_deploys_and_keeps_its_choice(fleet
     assert again.returncode == 0, again.stdout[-4000:]
     assert "nothing benchmarked" in again.stdout and "Measure the configuration" not in again.stdout
     assert all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
-    # Another workload (output length): benchmarked again.
-    other = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=24", env=fleet_env(),
-                         timeout=2400, check=False)  # fmt: skip
+    # Another workload (fewer prompts per setting): benchmarked again.
+    other = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", "-e",
+                         "eagle3_auto_num_prompts=4", env=fleet_env(), timeout=2400, check=False)  # fmt: skip
     assert other.returncode == 0, other.stdout[-4000:]
     assert "Measure the configuration" in other.stdout and len(list((reports / "auto").glob("choice-*.json"))) == 2
 

@@ -222,8 +222,22 @@ def cmd_playbook(playbook: str):
     return run
 
 
+def _draft_tokens(value: str) -> int | str:
+    """--draft-tokens: an integer, or auto."""
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a number of draft tokens nor auto") from None
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"draft_tokens": args.draft_tokens}
+    if args.prompts:
+        extra["eagle3_auto_prompts"] = args.prompts
+    if args.objective:
+        extra["eagle3_auto_objective"] = args.objective
     if args.topk is not None:
         extra["speculative_topk"] = args.topk
     if args.steps is not None:
@@ -332,7 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", parents=[common], help="data, hidden states, training, export check (train.yml)")
     train.set_defaults(func=cmd_playbook("train.yml"))
     deploy = sub.add_parser("deploy", parents=[common], help="serve the drafter with SGLang EAGLE-3 (deploy.yml)")
-    deploy.add_argument("--draft-tokens", type=int, default=16, help="tokens verified per step (chain: steps + 1)")
+    deploy.add_argument("--draft-tokens", type=_draft_tokens, default=16,
+                        help="tokens verified per step (chain: steps + 1), or auto: benchmark the workload "
+                             "(--prompts) over a search space on one server and serve the best")  # fmt: skip
+    deploy.add_argument("--prompts", help="draft tokens auto: the workload's prompts, a JSONL on the servers")
+    deploy.add_argument("--objective", choices=["throughput", "itl"], help="draft tokens auto: what best means")
     deploy.add_argument("--topk", type=int, help="tree drafting: branching per step (with --steps)")
     deploy.add_argument("--steps", type=int, help="tree drafting: depth (with --topk)")
     deploy.add_argument("--no-speculation", action="store_true", help="serve the target alone")

@@ -27,6 +27,12 @@ def test_status_table():
     assert "#3 seq 16384 running epoch 2/5 step 812" in lines[1] and lines[1].rstrip().endswith("-")
     assert lines[2].rstrip().endswith("kimi-eagle3 x16 accept 2.95")
     assert lines[3].split() == ["ct131", "unreachable", "0", "-", "-", "-", "-", "-"]
+    rows["ct131"] = {"state": "running", "gpus": [], "router": [
+        {"url": "http://10.0.0.33:30000", "healthy": True, "status": "ready", "load": 2},
+        {"url": "http://10.0.0.34:30000", "healthy": False, "status": "pending", "load": None}]}  # fmt: skip
+    tail = render_status(rows).splitlines()[-3:]
+    assert tail == ["router on ct131: 2 server(s)", "  http://10.0.0.33:30000  healthy  ready  load 2",
+                    "  http://10.0.0.34:30000  UNHEALTHY  pending  load -"]  # fmt: skip
 
 
 def test_progress_lines():
@@ -47,6 +53,10 @@ def test_parser_has_the_commands():
         assert parser.parse_args(argv).func
     args = parser.parse_args(["deploy", "--topk", "4", "--steps", "3", "--draft-tokens", "8"])
     assert (args.topk, args.steps, args.draft_tokens) == (4, 3, 8)
+    auto = parser.parse_args(["deploy", "--draft-tokens", "AUTO", "--prompts", "/srv/p.jsonl", "--objective", "itl"])
+    assert (auto.draft_tokens, auto.prompts, auto.objective) == ("auto", "/srv/p.jsonl", "itl")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["deploy", "--draft-tokens", "many"])
 
 
 def test_sweep_progress_counts_measured_configurations(capsys):

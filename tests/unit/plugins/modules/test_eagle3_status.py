@@ -67,3 +67,36 @@ def test_what_cannot_be_read_is_left_empty(tmp_path, capsys):
     assert not got.get("failed")
     assert got["gpus"] == [] and got["gpus_read"] is False
     assert got["training"] is None and got["serving"] is None
+
+
+def test_the_router_host_reports_the_routers_view(tmp_path, capsys):
+    workers = {
+        "workers": [
+            {"id": "a", "url": "http://10.0.0.33:30000", "is_healthy": True, "status": "ready", "load": 1},
+            {"id": "b", "url": "http://10.0.0.34:30000", "is_healthy": False, "status": "pending"},
+        ]
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/workers" else 404)
+            self.end_headers()
+            self.wfile.write(json.dumps(workers).encode() if self.path == "/workers" else b"{}")
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    router = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    try:
+        got = run_module("eagle3_status", {"nvidia_smi": fake_smi(tmp_path), "router_url": f"http://127.0.0.1:{router.server_port}",
+                                           "timeout": 2}, capsys=capsys)  # fmt: skip
+        none = run_module("eagle3_status", {"nvidia_smi": fake_smi(tmp_path), "router_url": "http://127.0.0.1:9",
+                                            "timeout": 2}, capsys=capsys)  # fmt: skip
+    finally:
+        router.shutdown()
+    assert got["router"] == [
+        {"url": "http://10.0.0.33:30000", "healthy": True, "status": "ready", "load": 1},
+        {"url": "http://10.0.0.34:30000", "healthy": False, "status": "pending", "load": None},
+    ]
+    assert none["router"] is None and none["gpus_read"] is True  # a router that does not answer fails nothing

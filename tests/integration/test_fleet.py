@@ -280,7 +280,8 @@ def test_hidden_states_shard_over_two_nodes_then_one_job_trains_over_both_and_re
     state = fleet_run / "train" / "state"
     leader = json.loads((state / "attempts.json").read_text())
     follower = json.loads((state / "node-1" / "attempts.json").read_text())
-    assert leader[0]["cause"] == "error" and "Connection closed by peer" in leader[0]["log_tail"]
+    # gloo names the lost peer as closed or reset, depending on where the leader's read was when it died
+    assert leader[0]["cause"] == "error" and re.search(r"Connection (closed|reset) by peer", leader[0]["log_tail"])
     assert leader[-1]["cause"] == "completed" and leader[-1]["resume_from_epoch"] is not None
     assert follower[-1]["n"] == leader[-1]["n"] and follower[-1]["cause"] == "completed"
     assert json.loads((state / "result.json").read_text())["best_epoch"] is not None
@@ -551,11 +552,13 @@ def test_draft_tokens_auto_benchmarks_chooses_deploys_and_keeps_its_choice(fleet
     assert again.returncode == 0, again.stdout[-4000:]
     assert "nothing benchmarked" in again.stdout and "Measure the configuration" not in again.stdout
     assert all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
-    # Another workload (fewer prompts per setting): benchmarked again.
-    other = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", "-e",
-                         "eagle3_auto_num_prompts=4", env=fleet_env(), timeout=2400, check=False)  # fmt: skip
+    # Another workload (fewer prompts per setting) has no kept choice: check mode says it would benchmark again.
+    other = run_playbook("deploy.yml", "--check", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", "-e",
+                         "eagle3_auto_num_prompts=4", env=fleet_env(), timeout=1200, check=False)  # fmt: skip
     assert other.returncode == 0, other.stdout[-4000:]
-    assert "Measure the configuration" in other.stdout and len(list((reports / "auto").glob("choice-*.json"))) == 2
+    assert "Would benchmark the baseline and 2 settings on ct133" in " ".join(other.stdout.split())
+    assert "Measure the configuration" not in other.stdout
+    assert [served_tokens(h) for h in SERVERS] == [want, want]
 
 
 @pytest.mark.parametrize(

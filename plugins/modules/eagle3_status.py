@@ -99,6 +99,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 from ansible_collections.eagle3.ops.plugins.module_utils._gpu import SMI_GPU_FIELDS, smi_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
 
 
 class StatusReader:
@@ -155,8 +156,7 @@ class StatusReader:
         listed = self._json(self.p["router_url"].rstrip("/") + "/workers")
         if not isinstance(listed, dict):
             return None
-        return [{"url": w.get("url"), "healthy": w.get("is_healthy"), "status": w.get("status"), "load": w.get("load")}
-                for w in listed.get("workers") or [] if isinstance(w, dict)]  # fmt: skip
+        return worker_rows(listed.get("workers"))
 
     def read(self) -> dict[str, Any]:
         gpus = self.gpus()

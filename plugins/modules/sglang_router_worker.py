@@ -92,6 +92,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
 
 
 class RouterError(Exception):
@@ -125,11 +126,6 @@ class RouterWorker:
 
     def mine(self, workers: list[dict[str, Any]]) -> dict[str, Any] | None:
         return next((w for w in workers if str(w.get("url", "")).rstrip("/") == self.url), None)
-
-    @staticmethod
-    def view(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{"url": w.get("url"), "healthy": w.get("is_healthy"), "status": w.get("status"), "load": w.get("load")}
-                for w in workers]  # fmt: skip
 
     def server_load(self) -> int | None:
         """Requests running or waiting on the server (SGLang's /v1/loads), or None if it does not say."""
@@ -219,7 +215,7 @@ class RouterWorker:
                      else [u for u in urls if u.rstrip("/") != self.url])  # fmt: skip
         out["diff"] = {"before": "\n".join(urls) + "\n", "after": "\n".join(after) + "\n",
                        "before_header": f"{self.router}/workers", "after_header": f"{self.router}/workers"}  # fmt: skip
-        out["workers"] = self.view(out["workers"])
+        out["workers"] = worker_rows(out["workers"])
         out.setdefault("in_flight", None)
         out.setdefault("drained_seconds", None)
         return out

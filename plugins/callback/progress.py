@@ -16,8 +16,8 @@ description:
     printed when it changes. On a terminal the line is updated in place.
   - With C(-vv) or more the default retry messages, with their results, are printed as before.
   - After the recap, the wall time of the run per role (time from each task's start to the next one's, summed by
-    the role the task belongs to; tasks of the play itself count as C(play)), largest first, to show where a run
-    spends its time.
+    the outermost role the task runs under - a shared role's task file counts for the role that called it -; tasks
+    of the play itself count as C(play)), largest first, to show where a run spends its time.
 author: eagle3-ops contributors (@eagle3-ops)
 version_added: "0.1.0"
 extends_documentation_fragment:
@@ -59,8 +59,15 @@ class CallbackModule(DefaultCallback):
 
     @staticmethod
     def _role_of(task) -> str:
-        role = getattr(task, "_role", None)
-        return role.get_name() if role is not None else "play"
+        """The outermost role the task runs under: a shared role's task file (eagle3_common's unit waits,
+        pinned_venv) counts for the stage that called it."""
+        name, node, seen = "play", task, 0
+        while node is not None and seen < 64:
+            role = getattr(node, "_role", None)
+            if role is not None:
+                name = role.get_name()
+            node, seen = getattr(node, "_parent", None), seen + 1
+        return name
 
     def _close_line(self) -> None:
         if self._line_open:

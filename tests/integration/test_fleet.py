@@ -546,12 +546,18 @@ def test_draft_tokens_auto_benchmarks_chooses_deploys_and_keeps_its_choice(fleet
     assert choice["draft_tokens"] == want and choice["speculative"] is (want is not None)
     assert [served_tokens(h) for h in SERVERS] == [want, want]
     assert len(router_workers()) == 2 and all(w["is_healthy"] for w in router_workers().values())
-    # The same draft, target and workload again: the choice is kept, nothing is benchmarked or restarted.
+    # The same draft, target and workload again: every server's fingerprint matches, nothing runs at all.
     again = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", env=fleet_env(),
-                         timeout=1200, check=False)  # fmt: skip
+                         timeout=600, check=False)  # fmt: skip
     assert again.returncode == 0, again.stdout[-4000:]
-    assert "nothing benchmarked" in again.stdout and "Measure the configuration" not in again.stdout
-    assert all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
+    assert all(f"deploy on {h}: nothing to do" in " ".join(again.stdout.split()) for h in SERVERS), again.stdout[-3000:]
+    assert "Measure the configuration" not in again.stdout
+    # Forced past the fingerprints: the choice is kept, nothing is benchmarked or restarted.
+    forced = run_playbook("deploy.yml", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", "-e", "eagle3_force=true",
+                          env=fleet_env(), timeout=1200, check=False)  # fmt: skip
+    assert forced.returncode == 0, forced.stdout[-4000:]
+    assert "nothing benchmarked" in forced.stdout and "Measure the configuration" not in forced.stdout
+    assert all(c["changed"] == 0 for c in recap(forced.stdout).values()), forced.stdout[-3000:]
     # Another workload (fewer prompts per setting) has no kept choice: check mode says it would benchmark again.
     other = run_playbook("deploy.yml", "--check", *SERVE, *AUTO, "-e", "eagle3_auto_max_tokens=32", "-e",
                          "eagle3_auto_num_prompts=4", env=fleet_env(), timeout=1200, check=False)  # fmt: skip

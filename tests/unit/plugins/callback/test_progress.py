@@ -91,3 +91,27 @@ def test_the_recap_is_followed_by_the_time_per_role(callback, monkeypatch):
     assert lines[0] == "TIME PER ROLE (wall, 10.0 s in all)"
     assert [line.split()[0] for line in lines[1:]] == ["play", "eagle3.ops.gpu_facts", "eagle3.ops.eagle3_train"]
     assert "5.5 s" in lines[1] and "3.0 s" in lines[2] and "0.5 s" in lines[3]
+
+
+def test_a_shared_role_s_task_counts_for_the_role_that_called_it(callback):
+    from ansible.playbook.block import Block
+    from ansible.playbook.task import Task
+
+    class Role:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def get_name(self) -> str:
+            return self.name
+
+    include = Task()
+    include._role = Role("eagle3.ops.eagle3_train")  # eagle3_train's task that includes eagle3_common's unit_wait
+    block = Block(parent_block=include)
+    block._role = Role("eagle3.ops.eagle3_common")
+    wait = Task(block=block)
+    wait._role = Role("eagle3.ops.eagle3_common")
+    assert callback._role_of(wait) == "eagle3.ops.eagle3_train"
+    alone = Task()
+    alone._role = Role("eagle3.ops.gpu_facts")
+    assert callback._role_of(alone) == "eagle3.ops.gpu_facts"
+    assert callback._role_of(Task()) == "play"

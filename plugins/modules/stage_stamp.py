@@ -1,0 +1,308 @@
+#!/usr/bin/python
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Tell whether a stage has nothing to do on a host (its fingerprint matches the last run's), or keep one."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: stage_stamp
+short_description: Check a stage's fingerprint against the one kept after its last complete run, or keep it
+description:
+  - A stage (C(deploy), C(train), C(router)) is converged on a host when everything it reads and writes is as its
+    last complete run left it and what it started still runs. The playbooks check this first, in one call per
+    host, and skip the whole stage where it holds; a stage that runs says which inputs changed.
+  - The fingerprint is a map of digests. On the controller (the action plugin) the values of the variables the
+    stage reads (O(vars) names them by pattern), the contents of controller files (O(controller_files)) and the
+    collection's own files; on the host every entry under O(paths) (type, size, mtime and inode, contents not
+    read) and the contents of O(contents).
+  - Liveness is checked, not kept - O(units) active, O(urls) answering, the worker listed healthy by O(router);
+    a stage whose server died is not converged even if nothing else changed.
+  - C(state=record) writes the fingerprint atomically (a temporary file renamed over the stamp), after the stage
+    completed; C(state=check) changes nothing.
+version_added: "0.3.0"
+author: eagle3-ops contributors (@eagle3-ops)
+options:
+  stage:
+    description: The stage's name; one stamp per stage and host.
+    type: str
+    required: true
+  state:
+    description: V(check) compares; V(record) keeps the fingerprint given by a check of the same run (O(controller)).
+    type: str
+    choices: [check, record]
+    default: check
+  dir:
+    description: Where the host keeps its stamps.
+    type: path
+    default: /var/lib/eagle3-ops/stamps
+  vars:
+    description:
+      - Regular expressions (matched from the start) naming the variables whose templated values are part of the
+        fingerprint. Read by the action plugin on the controller; a value that cannot be templated yet is kept
+        as written.
+    type: list
+    elements: str
+    default: []
+  exclude_vars:
+    description: Regular expressions naming variables left out (values that differ on every run).
+    type: list
+    elements: str
+    default: []
+  controller_files:
+    description: Controller files whose contents are part of the fingerprint (a prompts file); a missing one is absent.
+    type: list
+    elements: path
+    default: []
+  controller:
+    description:
+      - The controller's digests. Set by the action plugin on a check; a record passes the check's
+        RV(controller) so both describe the same inputs.
+    type: dict
+    default: {}
+  paths:
+    description: Host files and directories whose entries are part of the fingerprint (at most 20000 entries each).
+    type: list
+    elements: path
+    default: []
+  contents:
+    description: Host files whose contents are part of the fingerprint (unit files, manifests).
+    type: list
+    elements: path
+    default: []
+  units:
+    description: systemd units that must be active for the stage to be converged.
+    type: list
+    elements: str
+    default: []
+  urls:
+    description: URLs that must answer with a 2xx status for the stage to be converged.
+    type: list
+    elements: str
+    default: []
+  router:
+    description: A router (smg's C(/workers)) that must list O(router.worker) as healthy.
+    type: dict
+    suboptions:
+      url:
+        description: The router's base URL.
+        type: str
+        required: true
+      worker:
+        description: The worker's URL as the router lists it.
+        type: str
+        required: true
+  timeout:
+    description: Seconds each URL may take to answer.
+    type: float
+    default: 5
+attributes:
+  check_mode:
+    description: A check runs as usual; a record says whether it would change the stamp and writes nothing.
+    support: full
+  diff_mode:
+    description: A record shows the stamp's fingerprint before and after.
+    support: full
+notes:
+  - A record reports C(changed) when the kept fingerprint differs; playbooks treat it as bookkeeping.
+"""
+
+EXAMPLES = r"""
+- name: Is the deploy converged here?
+  eagle3.ops.stage_stamp:
+    stage: deploy
+    vars: ['sglang_serve_', 'eagle3_common_', 'draft_tokens$']
+    paths: [/srv/eagle3/drafts/tiny-llama-eagle3]
+    contents: [/etc/systemd/system/sglang.service]
+    units: [sglang]
+    urls: ['http://127.0.0.1:30000/health']
+  register: deploy_stamp
+
+- name: Keep the fingerprint after a complete deploy
+  eagle3.ops.stage_stamp:
+    stage: deploy
+    state: record
+    controller: "{{ deploy_stamp.controller }}"
+    paths: [/srv/eagle3/drafts/tiny-llama-eagle3]
+    contents: [/etc/systemd/system/sglang.service]
+"""
+
+RETURN = r"""
+converged:
+  description: The stamp matches and everything that must run runs (C(state=check)).
+  returned: always
+  type: bool
+reason:
+  description: Why the stage is not converged (no stamp, which inputs changed, what is down); empty when it is.
+  returned: always
+  type: str
+changed_keys:
+  description: The fingerprint's keys that differ from the stamp (C(var:NAME), C(stat:PATH), ...).
+  returned: always
+  type: list
+  elements: str
+fingerprint:
+  description: The digest of the whole fingerprint.
+  returned: always
+  type: str
+controller:
+  description: The controller's digests this check used (pass them to the record of the same run).
+  returned: always
+  type: dict
+paths:
+  description: The host paths fingerprinted (O(paths)); a record of the same run passes them back, so that both
+    describe the same files even where a variable resolves differently once the stage ran.
+  returned: always
+  type: list
+  elements: str
+contents:
+  description: The host files whose contents were fingerprinted (O(contents)), for the record of the same run.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json
+import os
+import tempfile
+import time
+import urllib.error
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import (
+    changed_keys,
+    describe,
+    digest,
+    host_digests,
+)
+
+
+class StageStamp:
+    """One stage's stamp on one host."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.path = os.path.join(self.p["dir"], f"{self.p['stage']}.json")
+
+    def kept(self) -> dict[str, str] | None:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return None  # unreadable: the stage runs and writes a good one
+        keys = data.get("keys") if isinstance(data, dict) else None
+        return keys if isinstance(keys, dict) else None
+
+    def now(self) -> dict[str, str]:
+        keys = {str(k): str(v) for k, v in (self.p["controller"] or {}).items()}
+        try:
+            keys.update(host_digests(self.p["paths"], self.p["contents"]))
+        except ValueError as exc:
+            self.module.fail_json(msg=f"Cannot fingerprint the {self.p['stage']} stage: {exc}.")
+        return keys
+
+    def _get(self, url: str) -> Any:
+        with open_url(url, timeout=self.p["timeout"]) as resp:
+            raw = resp.read().decode("utf-8", "replace")
+        return json.loads(raw) if raw.strip().startswith(("{", "[")) else raw
+
+    def down(self) -> str:
+        """What must run and does not, or an empty string."""
+        for unit in self.p["units"]:
+            rc, out, _err = self.module.run_command(["systemctl", "is-active", "--", unit])
+            if rc != 0:
+                return f"{unit} is {out.strip() or 'not active'}"
+        for url in self.p["urls"]:
+            try:
+                self._get(url)
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                return f"{url} does not answer ({exc})"
+        router = self.p["router"]
+        if router:
+            try:
+                listed = self._get(router["url"].rstrip("/") + "/workers")
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                return f"the router at {router['url']} does not answer ({exc})"
+            rows = worker_rows(listed.get("workers") if isinstance(listed, dict) else None)
+            mine = [r for r in rows if str(r["url"]).rstrip("/") == router["worker"].rstrip("/")]
+            if not mine or mine[0]["healthy"] is False:
+                return f"the router at {router['url']} does not list {router['worker']} as healthy"
+        return ""
+
+    def check(self) -> dict[str, Any]:
+        now, kept = self.now(), self.kept()
+        keys = changed_keys(kept or {}, now)
+        if kept is None:
+            reason = f"no stamp of a complete {self.p['stage']} run ({self.path})"
+        elif keys:
+            reason = "changed: " + describe(keys)
+        else:
+            reason = self.down()
+        return {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
+                "fingerprint": digest(now)}  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        now, kept = self.now(), self.kept()
+        keys = changed_keys(kept or {}, now)
+        before = digest(kept) if kept is not None else "absent"
+        out = {"changed": kept is None or bool(keys), "converged": True, "reason": "", "changed_keys": keys,
+               "fingerprint": digest(now),
+               "diff": {"before": before + "\n", "after": digest(now) + "\n", "before_header": self.path,
+                        "after_header": self.path}}  # fmt: skip
+        if out["changed"] and not self.module.check_mode:
+            self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
+        return out
+
+    def write(self, data: dict[str, Any]) -> None:
+        os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.p['stage']}.", dir=self.p["dir"])
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(data, handle, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            self.module.fail_json(msg=f"Cannot write the {self.p['stage']} stamp {self.path} ({exc}): free space "
+                                  f"in {self.p['dir']} or set another stamp directory.")  # fmt: skip
+
+    def run(self) -> dict[str, Any]:
+        out = self.check() if self.p["state"] == "check" else self.record()
+        out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"])
+        return out
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "stage": {"type": "str", "required": True},
+            "state": {"type": "str", "choices": ["check", "record"], "default": "check"},
+            "dir": {"type": "path", "default": "/var/lib/eagle3-ops/stamps"},
+            "vars": {"type": "list", "elements": "str", "default": []},
+            "exclude_vars": {"type": "list", "elements": "str", "default": []},
+            "controller_files": {"type": "list", "elements": "path", "default": []},
+            "controller": {"type": "dict", "default": {}},
+            "paths": {"type": "list", "elements": "path", "default": []},
+            "contents": {"type": "list", "elements": "path", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
+            "urls": {"type": "list", "elements": "str", "default": []},
+            "router": {"type": "dict", "options": {"url": {"type": "str", "required": True},
+                                                   "worker": {"type": "str", "required": True}}},
+            "timeout": {"type": "float", "default": 5},
+        },
+        supports_check_mode=True,
+    )
+    module.exit_json(**StageStamp(module).run())
+
+
+if __name__ == "__main__":
+    main()

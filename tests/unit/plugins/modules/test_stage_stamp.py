@@ -1,0 +1,169 @@
+"""stage_stamp: a stage is converged only when its stamp matches what it reads and writes and what it started
+runs; a record is atomic; check mode writes nothing; a change names itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+from tests.modules import run_module
+
+CONTROLLER = {"var:draft_tokens": "d16", "collection": "c1"}
+
+
+def serve(routes: dict[str, tuple[int, dict]]) -> HTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            code, body = routes.get(self.path, (404, {}))
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def stage(tmp_path: Path) -> dict:
+    draft = tmp_path / "draft"
+    draft.mkdir(exist_ok=True)
+    (draft / "model.safetensors").write_bytes(b"w" * 64)
+    (draft / "config.json").write_text("{}")
+    unit = tmp_path / "sglang.service"
+    unit.write_text("[Service]\nExecStart=/bin/true --speculative-num-draft-tokens 16\n")
+    return {"stage": "deploy", "dir": str(tmp_path / "stamps"), "controller": dict(CONTROLLER),
+            "paths": [str(draft), str(tmp_path / "absent")], "contents": [str(unit)]}
+
+
+def check(args: dict, capsys, **extra) -> dict:
+    return run_module("stage_stamp", {**args, **extra, "state": "check"}, capsys=capsys)
+
+
+def record(args: dict, capsys, **kw) -> dict:
+    return run_module("stage_stamp", {**args, "state": "record"}, capsys=capsys, **kw)
+
+
+def test_no_stamp_then_record_then_converged(tmp_path, capsys):
+    args = stage(tmp_path)
+    first = check(args, capsys)
+    assert first["converged"] is False and first["changed"] is False
+    assert "no stamp of a complete deploy run" in first["reason"]
+    kept = record(args, capsys)
+    assert kept["changed"] is True
+    assert json.loads((tmp_path / "stamps" / "deploy.json").read_text())["keys"]["var:draft_tokens"] == "d16"
+    again = check(args, capsys)
+    assert again["converged"] is True and again["reason"] == "" and again["changed_keys"] == []
+    assert again["fingerprint"] == kept["fingerprint"]
+    assert record(args, capsys)["changed"] is False  # the same fingerprint again: nothing to keep
+    assert [p.name for p in (tmp_path / "stamps").iterdir()] == ["deploy.json"]  # no temporary file left
+
+
+def test_each_kind_of_change_is_named(tmp_path, capsys):
+    args = stage(tmp_path)
+    record(args, capsys)
+    other = {**args, "controller": {**CONTROLLER, "var:draft_tokens": "d5"}}
+    assert check(other, capsys)["reason"] == "changed: draft_tokens"
+    weights = tmp_path / "draft" / "model.safetensors"
+    st = weights.stat()
+    weights.write_bytes(b"x" * 64)  # same size, rewritten in place
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert check(args, capsys)["changed_keys"] == [f"stat:{tmp_path / 'draft'}"]
+    record(args, capsys)
+    weights.unlink()
+    weights.write_bytes(b"w" * 64)  # replaced: same bytes and size, new inode (and mtime)
+    assert check(args, capsys)["changed_keys"] == [f"stat:{tmp_path / 'draft'}"]
+    record(args, capsys)
+    (tmp_path / "absent").write_text("now here")
+    assert check(args, capsys)["changed_keys"] == [f"stat:{tmp_path / 'absent'}"]
+    record(args, capsys)
+    Path(args["contents"][0]).write_text("[Service]\nExecStart=/bin/true --speculative-num-draft-tokens 5\n")
+    assert check(args, capsys)["reason"] == f"changed: content:{args['contents'][0]}"
+    fewer = {**args, "controller": {"collection": "c1"}}
+    assert check(fewer, capsys)["changed_keys"] == ["content:" + args["contents"][0], "var:draft_tokens"]
+
+
+def test_a_stage_whose_server_is_down_or_out_of_the_router_is_not_converged(tmp_path, capsys):
+    args = stage(tmp_path)
+    worker = "http://10.0.0.5:30000"
+    server = serve({"/health": (200, {}),
+                    "/workers": (200, {"workers": [{"url": worker, "is_healthy": True}]})})  # fmt: skip
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        record(args, capsys)
+        live = {"urls": [f"{base}/health"], "router": {"url": base, "worker": worker}}
+        assert check(args, capsys, **live)["converged"] is True
+        out = check(args, capsys, router={"url": base, "worker": "http://10.0.0.6:30000"})
+        assert out["converged"] is False and "does not list http://10.0.0.6:30000 as healthy" in out["reason"]
+        out = check(args, capsys, urls=[f"{base}/nothing"])
+        assert out["converged"] is False and f"{base}/nothing does not answer" in out["reason"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = check(args, capsys, urls=[f"{base}/health"])
+    assert out["converged"] is False and "does not answer" in out["reason"]
+    out = check(args, capsys, units=["eagle3-no-such-unit-for-tests"])
+    assert out["converged"] is False and out["reason"].startswith("eagle3-no-such-unit-for-tests is ")
+
+
+def test_check_mode_writes_nothing_and_shows_the_change(tmp_path, capsys):
+    args = stage(tmp_path)
+    out = record(args, capsys, check=True, diff=True)
+    assert out["changed"] is True and out["diff"]["before"] == "absent\n"
+    assert not (tmp_path / "stamps").exists()
+
+
+def test_a_stamp_that_cannot_be_read_is_no_stamp_and_a_failed_write_leaves_nothing(tmp_path, capsys):
+    args = stage(tmp_path)
+    (tmp_path / "stamps").mkdir()
+    (tmp_path / "stamps" / "deploy.json").write_text("{half a")
+    assert "no stamp" in check(args, capsys)["reason"]
+    (tmp_path / "stamps").chmod(0o500)
+    try:
+        out = record(args, capsys)
+    finally:
+        (tmp_path / "stamps").chmod(0o755)
+    if os.geteuid() != 0:  # root writes through the mode bits
+        assert out["failed"] is True and "Cannot write the deploy stamp" in out["msg"]
+    assert [p.name for p in (tmp_path / "stamps").iterdir()] == ["deploy.json"]  # no temporary file left
+
+
+def test_a_directory_too_large_to_list_is_refused_with_its_fix(tmp_path, capsys, monkeypatch):
+    from tests.modules import module_utils
+
+    stamp = module_utils("_stamp")
+    store = tmp_path / "store"
+    store.mkdir()
+    for i in range(5):
+        (store / f"row{i}").write_text("r")
+    try:
+        stamp.tree_digest(str(store), max_entries=3)
+    except ValueError as exc:
+        assert "fingerprint its manifest files" in str(exc)
+    else:
+        raise AssertionError("a store over the limit was fingerprinted")
+    assert stamp.tree_digest(str(tmp_path / "none")) == "absent"
+    assert stamp.describe(["var:a", "var:b", "stat:/c", "var:d", "var:e"]) == "a, b, stat:/c, d and 1 more"
+
+
+def test_the_collection_digest_follows_its_files_and_ignores_bytecode(tmp_path):
+    import importlib
+
+    from tests.modules import init_collection_loader
+
+    init_collection_loader()
+    action = importlib.import_module("ansible_collections.eagle3.ops.plugins.action.stage_stamp")
+    (tmp_path / "roles" / "r" / "tasks").mkdir(parents=True)
+    task = tmp_path / "roles" / "r" / "tasks" / "main.yml"
+    task.write_text("---\n")
+    first = action.collection_digest(tmp_path)
+    (tmp_path / "roles" / "r" / "__pycache__").mkdir()
+    (tmp_path / "roles" / "r" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    assert action.collection_digest(tmp_path) == first
+    task.write_text("---\n- name: more\n")
+    assert action.collection_digest(tmp_path) != first

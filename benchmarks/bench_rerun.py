@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Benchmark: reruns that find nothing to do, and a switch of the served setting, against a peer and a floor.
+
+On the lab after the main job (ansible-playbook lab.yml train.yml deploy.yml), in one run:
+
+  converged   train.yml and deploy.yml as they are: one fingerprint check per host (eagle3.ops.stage_stamp),
+              the stages themselves skipped as a whole;
+  peer        the same playbooks with -e eagle3_force=true: every stage runs and finds its own work done - how a
+              rerun behaved before the fingerprints;
+  floor       a playbook of one ping per host on the same inventory: Ansible's start and one round trip;
+  switch      deploy.yml -e draft_tokens=B after A (and back), whole; its engine part is measured alone in the same
+              run: the server's unit restarted and waited for until /health answers, in one task - the rest of the
+              switch is Ansible's share.
+
+Prints medians of --runs runs and ratios. The served setting is left as it was found (A).
+
+Usage: python benchmarks/bench_rerun.py [--runs 3] [-i inventory/lab] [--switch 16,10] [--skip-train]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+FLOOR = """- name: Floor
+  hosts: "{{ target }}"
+  gather_facts: false
+  tasks:
+    - name: One round trip
+      ansible.builtin.ping:
+"""
+
+# The engine's own part of a switch: restart the unit, wait until /health answers (one task, one round trip).
+ENGINE = """- name: The engine's restart and health wait
+  hosts: servers
+  gather_facts: false
+  tasks:
+    - name: Restart and wait for health
+      ansible.builtin.command:
+        argv:
+          - sh
+          - -c
+          - >-
+            systemctl restart sglang &&
+            for i in $(seq 600); do
+            python3 -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:30000/health", timeout=2)'
+            2>/dev/null && exit 0; sleep 0.5; done; exit 1
+      changed_when: true
+"""
+
+
+def run(inventory: str, playbook: str | Path, *args: str) -> float:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    t0 = time.monotonic()
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", inventory, str(playbook), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    seconds = time.monotonic() - t0
+    if proc.returncode != 0:
+        sys.exit(f"{playbook} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+    return seconds
+
+
+def median(inventory: str, runs: int, playbook: str | Path, *args: str) -> float:
+    return statistics.median(run(inventory, playbook, *args) for _ in range(runs))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("-i", "--inventory", default="inventory/lab")
+    ap.add_argument("--switch", default="16,10", help="A,B: the setting served, and the one switched to and back")
+    ap.add_argument("--skip-train", action="store_true", help="deploy.yml only")
+    args = ap.parse_args()
+    first, second = (int(x) for x in args.switch.split(","))
+    inv = args.inventory
+    with tempfile.TemporaryDirectory(prefix="eagle3-bench-rerun-") as tmp:
+        floor_pb, engine_pb = Path(tmp, "floor.yml"), Path(tmp, "engine.yml")
+        floor_pb.write_text(FLOOR)
+        engine_pb.write_text(ENGINE)
+        rows: list[tuple[str, float, float, float]] = []
+        plays = [("deploy.yml", "servers", ("-e", f"draft_tokens={first}"))]
+        if not args.skip_train:
+            plays.insert(0, ("train.yml", "trainers", ()))
+        for name, group, extra in plays:
+            run(inv, name, *extra)  # converged from here on (the first run may still keep its fingerprint)
+            converged = median(inv, args.runs, name, *extra)
+            forced = median(inv, args.runs, name, *extra, "-e", "eagle3_force=true")
+            floor = median(inv, args.runs, floor_pb, "-e", f"target={group}")
+            rows.append((name, converged, forced, floor))
+        switches, engine = [], []
+        for _ in range(args.runs):
+            switches.append(run(inv, "deploy.yml", "-e", f"draft_tokens={second}"))
+            switches.append(run(inv, "deploy.yml", "-e", f"draft_tokens={first}"))
+            engine.append(run(inv, engine_pb))
+        floor = median(inv, args.runs, floor_pb, "-e", "target=servers")
+    print(f"converged reruns ({inv}, medians of {args.runs}; 2 cores)")
+    print(f"{'playbook':<12} {'converged s':>12} {'peer (forced) s':>16} {'floor s':>8} {'peer/converged':>15} "
+          f"{'converged/floor':>16}")  # fmt: skip
+    for name, converged, forced, floor_s in rows:
+        print(f"{name:<12} {converged:12.1f} {forced:16.1f} {floor_s:8.1f} {forced / converged:15.1f} "
+              f"{converged / floor_s:16.1f}")  # fmt: skip
+    switch, engine_s = statistics.median(switches), statistics.median(engine)
+    engine_part = engine_s - floor  # the restart and health wait, without Ansible's start and round trip
+    print(f"\nswitch draft_tokens {first} <-> {second} (median of {len(switches)} switches)")
+    print(f"  whole switch          {switch:6.1f} s")
+    print(f"  engine restart+health {engine_part:6.1f} s  (one task restarting the unit and polling /health: "
+          f"{engine_s:.1f} s, less the floor {floor:.1f} s)")  # fmt: skip
+    share = switch - engine_part
+    print(f"  Ansible's share       {share:6.1f} s  ({share / switch:.0%} of the switch)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,8 @@ from ansible_collections.eagle3.ops.plugins.module_utils._stamp import digest, f
 _COLLECTION = Path(__file__).resolve().parents[2]
 _PARTS = ("roles", "plugins", "playbooks", "eagle3_ops/payloads")
 _collection_digest: list[str] = []
+# Never fingerprinted, whatever the patterns say: a digest of a short secret can be guessed.
+_SECRET = re.compile(r"(?i).*(password|passphrase|secret|api_?key|private_key)")
 
 
 def collection_digest(root: Path = _COLLECTION) -> str:
@@ -54,7 +56,7 @@ class ActionModule(ActionBase):
             raise AnsibleError(f"stage_stamp: a variable pattern is not a regular expression ({exc}).") from None
         out: dict[str, str] = {}
         for name in sorted(task_vars):
-            if not any(p.match(name) for p in wanted) or any(p.match(name) for p in unwanted):
+            if not any(p.match(name) for p in wanted) or any(p.match(name) for p in unwanted) or _SECRET.match(name):
                 continue
             raw = task_vars[name]
             try:

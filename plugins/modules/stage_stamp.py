@@ -40,7 +40,8 @@ options:
     description:
       - Regular expressions (matched from the start) naming the variables whose templated values are part of the
         fingerprint. Read by the action plugin on the controller; a value that cannot be templated yet is kept
-        as written.
+        as written. Variables whose names say password, passphrase, secret, api key or private key are never
+        fingerprinted (a digest of a short secret can be guessed).
     type: list
     elements: str
     default: []

@@ -512,13 +512,21 @@ def test_a_server_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(fleet
          "ct133 binds its server to 127.0.0.1 (sglang_serve_host), which the router on ct131 cannot reach"),
     ],
 )
-def test_a_router_the_servers_cannot_use_is_refused_before_anything_restarts(fleet_served, extra, message):
-    units = {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS}
-    proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=6", *extra, env=fleet_env(), timeout=900,
-                        check=False)  # fmt: skip
+def refused_before_restart(message: str, *args: str) -> None:
+    """deploy.yml with ARGS fails saying MESSAGE, and no server's unit changed."""
+
+    def units() -> dict[str, str]:
+        return {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS}
+
+    before = units()
+    proc = run_playbook("deploy.yml", *SERVE, *args, env=fleet_env(), timeout=900, check=False)
     assert proc.returncode != 0
-    assert message in " ".join(proc.stdout.split()), proc.stdout[-3000:]
-    assert {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS} == units
+    assert message in " ".join(proc.stdout.split()).replace("''", "'"), proc.stdout[-3000:]
+    assert units() == before
+
+
+def test_a_router_the_servers_cannot_use_is_refused_before_anything_restarts(fleet_served, extra, message):
+    refused_before_restart(message, "-e", "draft_tokens=6", *extra)
     assert [served_tokens(h) for h in SERVERS] == [5, 5]
 
 
@@ -579,8 +587,4 @@ def test_draft_tokens_auto_benchmarks_chooses_deploys_and_keeps_its_choice(fleet
     ],
 )
 def test_draft_tokens_auto_refuses_bad_input_before_anything_restarts(fleet_served, extra, message):
-    units = {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS}
-    proc = run_playbook("deploy.yml", *SERVE, *AUTO, *extra, env=fleet_env(), timeout=900, check=False)
-    assert proc.returncode != 0
-    assert message in " ".join(proc.stdout.split()).replace("''", "'"), proc.stdout[-3000:]
-    assert {h: server(h, "stat", "-c", "%Y", "/etc/systemd/system/sglang.service").stdout for h in SERVERS} == units
+    refused_before_restart(message, *AUTO, *extra)

@@ -167,3 +167,26 @@ def test_the_collection_digest_follows_its_files_and_ignores_bytecode(tmp_path):
     assert action.collection_digest(tmp_path) == first
     task.write_text("---\n- name: more\n")
     assert action.collection_digest(tmp_path) != first
+
+
+def test_the_action_plugin_digests_the_named_variables_and_never_a_secret(tmp_path):
+    import importlib
+
+    from tests.modules import init_collection_loader
+
+    init_collection_loader()
+    action = importlib.import_module("ansible_collections.eagle3.ops.plugins.action.stage_stamp")
+
+    class Templar:
+        def template(self, value):
+            if value == "{{ later_fact }}":
+                raise ValueError("undefined")
+            return value
+
+    plugin = action.ActionModule.__new__(action.ActionModule)
+    plugin._templar = Templar()
+    task_vars = {"draft_tokens": 16, "eagle3_x": "{{ later_fact }}", "eagle3_api_key": "s3cret",
+                 "proxmox_ct_api_password": "p", "eagle3_force": True, "other": 1}  # fmt: skip
+    got = plugin._var_digests(task_vars, ["eagle3_", "draft_tokens$", "proxmox_"], ["eagle3_force$"])
+    assert sorted(got) == ["var:draft_tokens", "var:eagle3_x"]
+    assert got["var:eagle3_x"] == action.digest("{{ later_fact }}")  # kept as written until it can be templated

@@ -217,7 +217,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_playbook(playbook: str):
     def run(args: argparse.Namespace) -> int:
-        return _run(args, playbook)
+        return _run(args, playbook, {"eagle3_force": True} if getattr(args, "force", False) else None)
 
     return run
 
@@ -244,6 +244,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         extra["speculative_steps"] = args.steps
     if args.no_speculation:
         extra["speculative"] = False
+    if args.force:
+        extra["eagle3_force"] = True
     return _run(args, "deploy.yml", extra)
 
 
@@ -344,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     provision = sub.add_parser("provision", parents=[common], help="converge containers through the API")
     provision.set_defaults(func=cmd_playbook("provision.yml"))
     train = sub.add_parser("train", parents=[common], help="data, hidden states, training, export check (train.yml)")
+    train.add_argument("--force", action="store_true",
+                       help="run every stage even where the trainers' fingerprints match their last complete run")
     train.set_defaults(func=cmd_playbook("train.yml"))
     deploy = sub.add_parser("deploy", parents=[common], help="serve the drafter with SGLang EAGLE-3 (deploy.yml)")
     deploy.add_argument("--draft-tokens", type=_draft_tokens, default=16,
@@ -354,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--topk", type=int, help="tree drafting: branching per step (with --steps)")
     deploy.add_argument("--steps", type=int, help="tree drafting: depth (with --topk)")
     deploy.add_argument("--no-speculation", action="store_true", help="serve the target alone")
+    deploy.add_argument("--force", action="store_true",
+                        help="run every step even where a server's fingerprint matches its last complete deploy")
     deploy.set_defaults(func=cmd_deploy)
     bench = sub.add_parser("bench", parents=[common], help="sweep draft tokens plus a baseline; report (bench.yml)")
     bench.add_argument("--draft-tokens", type=int, nargs="+", help="values to sweep (default 16 10 5)")

@@ -109,3 +109,17 @@ def test_init_writes_a_fleet_inventory_ansible_reads(tmp_path):
     assert main(["init", str(inv), "--node", "pve1=x", "--server", "pve1:130"]) == 64
     with pytest.raises(SystemExit, match="node 'pve9' was not given"):
         main(["init", str(tmp_path / "other"), "--node", "pve1=x", "--server", "pve9:130"])
+
+
+def test_force_runs_past_the_fingerprints(monkeypatch):
+    from eagle3_ops import cli
+
+    seen: list[tuple[str, dict]] = []
+    monkeypatch.setattr(cli, "_run", lambda args, playbook, extra=None, on_event=None: seen.append(
+        (playbook, extra or {})) or 0)  # fmt: skip
+    parser = build_parser()
+    for argv in (["train", "--force"], ["train"], ["deploy", "--force", "--draft-tokens", "5"], ["deploy"]):
+        args = parser.parse_args(argv)
+        assert args.func(args) == 0
+    assert seen == [("train.yml", {"eagle3_force": True}), ("train.yml", {}),
+                    ("deploy.yml", {"draft_tokens": 5, "eagle3_force": True}), ("deploy.yml", {"draft_tokens": 16})]

@@ -22,6 +22,11 @@ MAX_ENTRIES = 20000
 SKIP_NAMES = frozenset({"__pycache__", ".git"})
 
 
+def _transient(name: str) -> bool:
+    """Lock files a writer creates and removes (eagle3_export's .eagle3-checkpoint.lock): no trace of a change."""
+    return name.startswith(".") and name.endswith(".lock")
+
+
 def digest(value: Any) -> str:
     """A stable digest of a JSON-able value (dict keys sorted)."""
     raw = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
@@ -41,13 +46,17 @@ def file_digest(path: str) -> str:
 
 
 def _entry(path: str, st: os.stat_result) -> list[Any]:
+    if stat.S_ISDIR(st.st_mode):
+        # A directory's own mtime moves when a lock file comes and goes; its entries say what it holds.
+        return [path, stat.S_IFMT(st.st_mode), st.st_ino]
     return [path, stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino]
 
 
 def tree_digest(root: str, max_entries: int = MAX_ENTRIES) -> str:
     """A digest of every entry under ``root`` (type, size, mtime, inode; contents not read), or ``absent``.
 
-    Rewriting a file in place changes its mtime; replacing it changes its inode: both change the digest.
+    Rewriting a file in place changes its mtime; replacing it changes its inode: both change the digest. A file
+    added or removed changes the listing; a lock file that came and went (and the directory mtime it moved) does not.
     """
     try:
         top = os.lstat(root)
@@ -57,7 +66,7 @@ def tree_digest(root: str, max_entries: int = MAX_ENTRIES) -> str:
     if stat.S_ISDIR(top.st_mode):
         for base, dirs, files in os.walk(root):
             dirs[:] = sorted(d for d in dirs if d not in SKIP_NAMES)
-            for name in [*dirs, *sorted(files)]:
+            for name in [*dirs, *sorted(f for f in files if not _transient(f))]:
                 full = os.path.join(base, name)
                 try:
                     rows.append(_entry(os.path.relpath(full, root), os.lstat(full)))

@@ -167,7 +167,6 @@ import json
 import os
 import tempfile
 import time
-import urllib.error
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -222,13 +221,13 @@ class StageStamp:
         for url in self.p["urls"]:
             try:
                 self._get(url)
-            except (OSError, urllib.error.URLError, ValueError) as exc:
+            except Exception as exc:  # any failure to answer means not converged, never a failed task
                 return f"{url} does not answer ({exc})"
         router = self.p["router"]
         if router:
             try:
                 listed = self._get(router["url"].rstrip("/") + "/workers")
-            except (OSError, urllib.error.URLError, ValueError) as exc:
+            except Exception as exc:  # as above
                 return f"the router at {router['url']} does not answer ({exc})"
             rows = worker_rows(listed.get("workers") if isinstance(listed, dict) else None)
             mine = [r for r in rows if str(r["url"]).rstrip("/") == router["worker"].rstrip("/")]

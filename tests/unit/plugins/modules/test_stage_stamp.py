@@ -148,6 +148,14 @@ def test_a_directory_too_large_to_list_is_refused_with_its_fix(tmp_path, capsys,
     else:
         raise AssertionError("a store over the limit was fingerprinted")
     assert stamp.tree_digest(str(tmp_path / "none")) == "absent"
+    # Another server's export takes the draft's lock and removes it: the directory's mtime moves, nothing else.
+    before = stamp.tree_digest(str(store))
+    (store / ".eagle3-checkpoint.lock").write_text("{}")
+    assert stamp.tree_digest(str(store)) == before
+    (store / ".eagle3-checkpoint.lock").unlink()
+    assert stamp.tree_digest(str(store)) == before
+    (store / "row9").write_text("r")
+    assert stamp.tree_digest(str(store)) != before
     assert stamp.describe(["var:a", "var:b", "stat:/c", "var:d", "var:e"]) == "a, b, stat:/c, d and 1 more"
 
 

@@ -503,15 +503,6 @@ def test_a_server_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(fleet
     assert len(router_workers()) == 2 and all(w["is_healthy"] for w in router_workers().values())
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["-e", "eagle3_router_url=http://10.203.0.99:30080"],
-         "ct133, ct134 cannot reach the router at http://10.203.0.99:30080"),
-        (["-e", "sglang_serve_host=127.0.0.1"],
-         "ct133 binds its server to 127.0.0.1 (sglang_serve_host), which the router on ct131 cannot reach"),
-    ],
-)
 def refused_before_restart(message: str, *args: str) -> None:
     """deploy.yml with ARGS fails saying MESSAGE, and no server's unit changed."""
 
@@ -525,6 +516,15 @@ def refused_before_restart(message: str, *args: str) -> None:
     assert units() == before
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-e", "eagle3_router_url=http://10.203.0.99:30080"],
+         "ct133, ct134 cannot reach the router at http://10.203.0.99:30080"),
+        (["-e", "sglang_serve_host=127.0.0.1"],
+         "ct133 binds its server to 127.0.0.1 (sglang_serve_host), which the router on ct131 cannot reach"),
+    ],
+)
 def test_a_router_the_servers_cannot_use_is_refused_before_anything_restarts(fleet_served, extra, message):
     refused_before_restart(message, "-e", "draft_tokens=6", *extra)
     assert [served_tokens(h) for h in SERVERS] == [5, 5]

@@ -92,7 +92,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_named, worker_rows
 
 
 class RouterError(Exception):
@@ -125,7 +125,7 @@ class RouterWorker:
         return [w for w in rows or [] if isinstance(w, dict)]
 
     def mine(self, workers: list[dict[str, Any]]) -> dict[str, Any] | None:
-        return next((w for w in workers if str(w.get("url", "")).rstrip("/") == self.url), None)
+        return worker_named(workers, self.url)
 
     def server_load(self) -> int | None:
         """Requests running or waiting on the server (SGLang's /v1/loads), or None if it does not say."""

@@ -165,13 +165,13 @@ contents:
 
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_named
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_json_atomic
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import (
     changed_keys,
     describe,
@@ -192,10 +192,8 @@ class StageStamp:
         try:
             with open(self.path, encoding="utf-8") as handle:
                 data = json.load(handle)
-        except FileNotFoundError:
-            return None
         except (OSError, ValueError):
-            return None  # unreadable: the stage runs and writes a good one
+            return None  # absent or unreadable: the stage runs and writes a good one
         keys = data.get("keys") if isinstance(data, dict) else None
         return keys if isinstance(keys, dict) else None
 
@@ -229,9 +227,8 @@ class StageStamp:
                 listed = self._get(router["url"].rstrip("/") + "/workers")
             except Exception as exc:  # as above
                 return f"the router at {router['url']} does not answer ({exc})"
-            rows = worker_rows(listed.get("workers") if isinstance(listed, dict) else None)
-            mine = [r for r in rows if str(r["url"]).rstrip("/") == router["worker"].rstrip("/")]
-            if not mine or mine[0]["healthy"] is False:
+            mine = worker_named(listed.get("workers") if isinstance(listed, dict) else None, router["worker"])
+            if mine is None or mine.get("is_healthy") is False:
                 return f"the router at {router['url']} does not list {router['worker']} as healthy"
         return ""
 
@@ -260,18 +257,10 @@ class StageStamp:
         return out
 
     def write(self, data: dict[str, Any]) -> None:
-        os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.p['stage']}.", dir=self.p["dir"])
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(data, handle, sort_keys=True)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
+            os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)
+            write_json_atomic(self.path, data)
         except OSError as exc:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
             self.module.fail_json(msg=f"Cannot write the {self.p['stage']} stamp {self.path} ({exc}): free space "
                                   f"in {self.p['dir']} or set another stamp directory.")  # fmt: skip
 

@@ -18,7 +18,11 @@ leader: it owns the save directory, the budget ladder and the result, as above, 
 each joins whatever attempt the leader is running, at its budget, keeps its own ``attempts.json``, abandons a
 rendezvous the leader has left, and waits for the leader's next attempt when one fails (a peer that died, a
 restarted leader). The leader reads its followers' records (``--peer-state``): an attempt whose ranks ran out
-of memory on another node backs off like one that ran out on its own.
+of memory on another node backs off like one that ran out on its own. The leader's launcher beats
+``STATE/heartbeat`` every HEARTBEAT_EVERY seconds; a follower that sees no beat for ``--leader-timeout``
+seconds (the leader's node is down or cut off, its unit stopped or failed for good) stops its ranks - which would
+otherwise wait in a collective for the backend's own timeout - and exits EXIT_LEADER_GONE. Beats are compared by
+content on the follower's own clock, so the nodes' clocks need not agree.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ except ImportError:  # pragma: no cover - run as a loose script
     import metrics  # type: ignore[no-redef]
 
 EXIT_LADDER_EXHAUSTED = 3
-EXIT_LEADER_GONE = 4  # a follower whose leader ran no attempt for --leader-timeout seconds
+EXIT_LEADER_GONE = 4  # a follower whose leader gave no sign of life for --leader-timeout seconds
 FOLLOW_POLL = 1.0  # seconds between looks at the leader's attempts
+HEARTBEAT_EVERY = 2.0  # seconds between two beats of a leader's launcher
 PEER_GRACE = 20.0  # seconds a leader waits for its followers to record how an attempt ended
 STOPPING = threading.Event()  # set when the launcher itself got SIGTERM/SIGINT (a stop, not a failure)
 
@@ -66,6 +71,39 @@ def _running(state: str) -> dict[str, Any] | None:
     """The attempt a leader's state says is running, or None."""
     attempts = _load_attempts(state)
     return attempts[-1] if attempts and attempts[-1].get("cause") == "running" else None
+
+
+def beat_forever(state: str) -> None:
+    """The leader's heartbeat: STATE/heartbeat rewritten in place (one short write; NFS's close-to-open
+    consistency shows it to a follower's next open) with a counter and this launcher's pid and host."""
+    path, count = os.path.join(state, "heartbeat"), 0
+    while True:
+        count += 1
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps({"beat": count, "pid": os.getpid(), "host": os.uname().nodename}))
+        except OSError as exc:  # a full or unreachable store: the followers will say the leader is gone
+            log(f"cannot beat the heartbeat {path}: {exc}")
+        time.sleep(HEARTBEAT_EVERY)
+
+
+class LeaderWatch:
+    """How long, on this node's own clock, the leader's heartbeat has not changed."""
+
+    def __init__(self, leader: str) -> None:
+        self.path = os.path.join(leader, "heartbeat")
+        self.seen: str | None = None
+        self.changed = time.monotonic()
+
+    def silent_for(self) -> float:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                now = fh.read()
+        except OSError:
+            now = None
+        if now and now != self.seen:  # an empty read is a beat being written, not a new one
+            self.seen, self.changed = now, time.monotonic()
+        return time.monotonic() - self.changed
 
 
 def log(message: str) -> None:
@@ -95,7 +133,7 @@ def run_attempt(cmd: list[str], log_path: str, abandon: Callable[[], bool] | Non
             while proc.poll() is None:
                 time.sleep(FOLLOW_POLL)
                 if proc.poll() is None and abandon is not None and abandon():
-                    log("the leader left this attempt: stopping this node's trainer")
+                    log("the leader left this attempt or went silent: stopping this node's trainer")
                     forward(signal.SIGTERM, None)
                     try:
                         proc.wait(timeout=10)
@@ -133,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", type=int, default=1024, help="smallest total_seq_len worth trying")
     ap.add_argument("--follow", metavar="LEADER_STATE", help="run as a follower node of the leader with this state")
     ap.add_argument("--peer-state", action="append", default=[], help="a follower's state directory (leader)")
-    ap.add_argument("--leader-timeout", type=float, default=1800,
-                    help="a follower stops (exit 4) after this long with no leader attempt to join")  # fmt: skip
+    ap.add_argument("--leader-timeout", type=float, default=120,
+                    help="a follower stops (exit 4) after this long without a beat of the leader's heartbeat")  # fmt: skip
     args = ap.parse_args(argv[:split])
     template = argv[split + 1 :]
     if not any("{total_seq_len}" in part for part in template):
@@ -153,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         # a no-op, never a new attempt - which, over several nodes, would wait at a rendezvous no follower joins.
         log(f"the job is complete ({os.path.join(args.state, 'result.json')}): nothing to do")
         return 0
+    threading.Thread(target=beat_forever, args=(args.state,), daemon=True).start()
     os.makedirs(args.save_dir, exist_ok=True)
     exhausted = {a["total_seq_len"] for a in attempts if a.get("cause") == "out_of_memory"}
     ladder = [b for b in budgets.ladder_from(args.start, args.floor) if b not in exhausted]
@@ -239,23 +278,28 @@ def peer_out_of_memory(peers: list[str], n: int) -> str | None:
 def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: list[str], timeout: float) -> int:
     """A follower node: join each attempt the leader runs until the leader has its result.
 
-    A leader that runs no attempt for ``timeout`` seconds (its node is down, its unit stopped or failed for good)
-    ends the follower with EXIT_LEADER_GONE, which systemd does not restart: the play's wait then names the unit.
+    A leader whose heartbeat stops for ``timeout`` seconds (its node is down or cut off, its unit stopped or failed
+    for good) ends the follower with EXIT_LEADER_GONE, which systemd does not restart: the play's wait then names
+    the unit. An attempt under way is abandoned then too: its ranks would wait for a peer that is not coming.
     """
     _save_attempts(state, attempts)
     left: set[int] = set()  # the leader's attempts this process has joined and seen end
-    idle_since = time.monotonic()
+    watch = LeaderWatch(leader)
     log(f"following the leader's attempts in {leader}")
+
+    def gone() -> int:
+        log(f"the leader ({leader}) has given no sign of life for {timeout:.0f} s - its node down or cut off, or its "
+            "unit stopped or failed: stopping; start the job again with train.yml once the leader's node is back")
+        return EXIT_LEADER_GONE
+
     while True:
         if os.path.exists(os.path.join(leader, "result.json")):
             log("the leader has its result: done")
             return 0
         lead = _running(leader)
         if lead is None or lead["n"] in left:
-            if time.monotonic() - idle_since > timeout:
-                log(f"the leader ({leader}) has run no attempt for {timeout:.0f} s - its node down, or its unit "
-                    "stopped or failed: stopping; start the job again with train.yml once the leader's node is back")
-                return EXIT_LEADER_GONE
+            if watch.silent_for() > timeout:
+                return gone()
             time.sleep(FOLLOW_POLL)
             continue
         n = lead["n"]
@@ -267,16 +311,17 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
 
         def abandoned(n: int = n) -> bool:
             now = _running(leader)
-            return now is not None and now["n"] != n
+            return (now is not None and now["n"] != n) or watch.silent_for() > timeout
 
         rc, tail = run_attempt(command(template, lead), os.path.join(state, f"attempt-{n}.log"), abandoned)
         finish(attempt, rc, tail)
         _save_attempts(state, attempts)
         left.add(n)
-        idle_since = time.monotonic()
         if STOPPING.is_set():
             log(f"stopped during attempt {n}")
             return 128 + signal.SIGTERM
+        if watch.silent_for() > timeout and not os.path.exists(os.path.join(leader, "result.json")):
+            return gone()
         # Done once the leader has its result (it collects it after its own ranks end); until then a new attempt of
         # the leader's (it restarted before writing it) is joined like any other.
         log(f"attempt {n} ended on this node ({attempt['cause']}, rc={rc}); waiting for the leader's result or its "

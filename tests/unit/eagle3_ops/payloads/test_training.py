@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -247,6 +248,7 @@ def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_lead
     reap(leader)
     out, _ = leader.communicate(timeout=120)
     assert leader.returncode == 0, out
+    assert json.loads((tmp_path / "state" / "heartbeat").read_text())["beat"] >= 1  # the leader beat while it ran
     fout, _ = follower.communicate(timeout=30)
     assert follower.returncode == 0, fout
     lead = json.loads((tmp_path / "state" / "attempts.json").read_text())
@@ -311,4 +313,36 @@ def test_a_follower_whose_leader_runs_no_attempt_stops_with_its_own_exit_code(tm
     reap(follower)
     out, _ = follower.communicate(timeout=30)
     assert follower.returncode == 4, out  # the unit's RestartPreventExitStatus: systemd leaves it failed
-    assert "has run no attempt for 2 s" in out and "once the leader's node is back" in out
+    assert "has given no sign of life for 2 s" in out and "once the leader's node is back" in out
+
+
+def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_goes_silent(tmp_path, reap):
+    leader_state = tmp_path / "state"
+    leader_state.mkdir()
+    # The leader runs attempt 1 (its ranks wait at their rendezvous, as ours do): the follower joins it.
+    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "running"}]))
+    beating = threading.Event()
+    beating.set()
+
+    def beat() -> None:
+        count = 0
+        while beating.is_set():
+            count += 1
+            (leader_state / "heartbeat").write_text(json.dumps({"beat": count}))
+            time.sleep(0.3)
+
+    threading.Thread(target=beat, daemon=True).start()
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
+           "--state", str(leader_state / "node-1"), "--follow", str(leader_state), "--leader-timeout", "2",
+           "--start", "8192", "--", sys.executable, "-c", "import time; time.sleep(600)", "{total_seq_len}"]  # fmt: skip
+    follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # fmt: skip
+    reap(follower)
+    time.sleep(5)  # beyond the timeout: a leader that beats is waited for, however long its attempt
+    assert follower.poll() is None
+    beating.clear()  # the leader's node is gone: no beat, no rendezvous partner
+    out, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 4, out
+    assert "went silent: stopping this node's trainer" in out and "no sign of life for 2 s" in out
+    mine = json.loads((leader_state / "node-1" / "attempts.json").read_text())
+    assert mine[-1]["n"] == 1 and mine[-1]["cause"] == "signal SIGTERM"

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--follow", metavar="LEADER_STATE", help="run as a follower node of the leader with this state")
     ap.add_argument("--peer-state", action="append", default=[], help="a follower's state directory (leader)")
     ap.add_argument("--leader-timeout", type=float, default=120,
-                    help="a follower stops (exit 4) after this long without a beat of the leader's heartbeat")  # fmt: skip
+                    help="a follower stops (exit 4) after this long with no beat from the leader")  # fmt: skip
     args = ap.parse_args(argv[:split])
     template = argv[split + 1 :]
     if not any("{total_seq_len}" in part for part in template):

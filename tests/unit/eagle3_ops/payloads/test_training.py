@@ -334,7 +334,7 @@ def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_g
     threading.Thread(target=beat, daemon=True).start()
     cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
            "--state", str(leader_state / "node-1"), "--follow", str(leader_state), "--leader-timeout", "2",
-           "--start", "8192", "--", sys.executable, "-c", "import time; time.sleep(600)", "{total_seq_len}"]  # fmt: skip
+           "--start", "8192", "--", sys.executable, "-c", "import time; time.sleep(99)", "{total_seq_len}"]  # fmt: skip
     follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)  # fmt: skip
     reap(follower)

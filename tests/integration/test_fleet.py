@@ -296,6 +296,47 @@ def test_hidden_states_shard_over_two_nodes_then_one_job_trains_over_both_and_re
     assert all(abs(two_nodes[s] - one_node[s]) <= 0.01 for s in one_node), (two_nodes, one_node)
 
 
+def unit_state(host: str, unit: str) -> dict[str, str]:
+    out = trainer(host, "systemctl", "show", "-p", "ActiveState", "-p", "Result", "-p", "ExecMainStatus", unit).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_a_follower_whose_leader_node_dies_stops_within_the_leader_timeout(fleet_run):
+    # A job over both trainers, started without waiting; then the leader's whole container goes down mid-attempt
+    # (its ranks vanish without closing a connection, as when a node loses power): the follower must not wait for
+    # gloo's own timeout nor for eagle3_train_timeout - it stops once the leader's heartbeat is silent.
+    run_dir = f"{FLEET_RUN}/train-dies"
+    start = run_playbook("train.yml", *TRAIN, "--tags", "train", "-e", "eagle3_train_wait=false", "-e",
+                         f"eagle3_train_dir={run_dir}", "-e", "eagle3_train_leader_timeout=15", env=fleet_env(),
+                         timeout=1200, check=False)  # fmt: skip
+    assert start.returncode == 0, start.stdout[-5000:]
+    follower_attempts = on_share(run_dir) / "state" / "node-1" / "attempts.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and '"running"' not in (follower_attempts.read_text()
+                                                              if follower_attempts.exists() else ""):
+        time.sleep(0.5)
+    assert '"running"' in follower_attempts.read_text(), "the follower joined no attempt"
+    try:
+        node_pct("pve-lab", "stop", "131")  # no clean shutdown: lxc-stop's immediate kill
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < 120 and unit_state("ct132", "eagle3-train")["ActiveState"] in (
+                "active", "activating", "deactivating"):  # fmt: skip
+            time.sleep(1)
+        waited = time.monotonic() - stopped
+        state = unit_state("ct132", "eagle3-train")
+        # exit 4 is in RestartPreventExitStatus: the unit stays failed, the play's wait names it
+        assert state["ActiveState"] == "failed" and state["ExecMainStatus"] == "4", state
+        assert waited < 15 + 30, f"the follower stopped {waited:.0f} s after its leader's node (timeout 15 s)"
+        log = trainer("ct132", "journalctl", "-u", "eagle3-train", "--no-pager", "-n", "40").stdout
+        # (its ranks were stopped by the launcher, or had failed on the lost store already)
+        assert "the leader (" in log and "has given no sign of life for 15 s" in log, log
+    finally:
+        node_pct("pve-lab", "start", "131")
+        trainer("ct131", "systemctl", "is-system-running", "--wait", check=False)
+        trainer("ct131", "systemctl", "stop", "eagle3-train")  # it came back with the container: no peer is coming
+        trainer("ct132", "systemctl", "reset-failed", "eagle3-train", check=False)
+
+
 def test_a_rerun_after_a_shard_host_died_extracts_only_its_missing_rows(fleet_run):
     from eagle3_ops.payloads.training.hs_store import shard_rows
 

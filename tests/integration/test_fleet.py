@@ -413,6 +413,7 @@ def test_trainers_that_cannot_form_one_job_are_refused_before_anything_starts(fl
 # --- Serving a fleet: two servers (one per node) behind SGLang's router on ct131 ---
 
 SERVERS = {"ct133": ("pve-lab", 133), "ct134": ("pve-lab2", 134)}
+ONE_NODE_DRAFT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"  # test_deploy's drafter, when it ran
 SERVE = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
          "-e", f"eagle3_draft_source={FLEET_RUN}/train-serve/save/checkpoint_best")  # fmt: skip
 ROUTER_URL = "http://10.203.0.31:30080"
@@ -468,12 +469,18 @@ def rate(records: list[dict], t0: float, t1: float) -> float:
 @pytest.fixture(scope="module")
 def fleet_served(fleet_run):
     """Both servers serve a drafter at 3 draft tokens behind the router (the first deploy installs the servers'
-    runtimes and the router). The drafter: the fleet's data, trained on ct131 as long as the one-node lab trains
-    (15 epochs; the fleet tests' 3 epochs accept nothing and the accept-length gate refuses them)."""
-    train = run_playbook("train.yml", *TRAIN, "--limit", "ct131", "-e", "eagle3_train_epochs=15", "-e",
-                         f"eagle3_train_dir={FLEET_RUN}/train-serve", "-e", '{"eagle3_train_hosts": ["ct131"]}',
-                         env=fleet_env(), timeout=1800, check=False)  # fmt: skip
-    assert train.returncode == 0, train.stdout[-5000:]
+    runtimes and the router). The drafter: the one-node lab's (test_deploy trains it on the same shared storage:
+    the same target, data recipe and 15 epochs), else the fleet's data trained on ct131 as long (the fleet tests'
+    3 epochs accept nothing and the accept-length gate refuses them)."""
+    best = f"{FLEET_RUN}/train-serve/save/checkpoint_best"
+    if trainer("ct131", "test", "-f", f"{ONE_NODE_DRAFT}/model.safetensors", check=False).returncode == 0:
+        trainer("ct131", "mkdir", "-p", best.rsplit("/", 1)[0])
+        trainer("ct131", "ln", "-sfn", ONE_NODE_DRAFT, best)
+    else:
+        train = run_playbook("train.yml", *TRAIN, "--limit", "ct131", "-e", "eagle3_train_epochs=15", "-e",
+                             f"eagle3_train_dir={FLEET_RUN}/train-serve", "-e", '{"eagle3_train_hosts": ["ct131"]}',
+                             env=fleet_env(), timeout=1800, check=False)  # fmt: skip
+        assert train.returncode == 0, train.stdout[-5000:]
     proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=3", env=fleet_env(), timeout=2400, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:]
     yield proc

@@ -268,17 +268,24 @@ def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_lead
     assert not (tmp_path / "state" / "node-1" / "result.json").exists()  # one result, the leader's
 
 
-def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_attempt(tmp_path, reap):
+def follower_of(tmp_path: Path, attempts: list[dict], trainer: list[str], *options: str) -> subprocess.Popen:
+    """A follower launcher of the leader state tmp_path/state (holding ``attempts``) running ``trainer``."""
     leader_state = tmp_path / "state"
     leader_state.mkdir()
-    # The leader's launcher died with attempt 1 "running"; the follower joins it and waits at its rendezvous.
-    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "running"}]))
+    (leader_state / "attempts.json").write_text(json.dumps(attempts))
     cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
-           "--state", str(leader_state / "node-1"), "--follow", str(leader_state), "--start", "8192", "--",
-           sys.executable, "-c", "import sys, time; print('joined', sys.argv[1], flush=True); "
-           "time.sleep(0 if sys.argv[1] == '2' else 60)", "{attempt}", "{total_seq_len}"]  # fmt: skip
-    follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
+           "--state", str(leader_state / "node-1"), "--follow", str(leader_state), *options, "--start", "8192",
+           "--", sys.executable, *trainer]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_attempt(tmp_path, reap):
+    leader_state = tmp_path / "state"
+    # The leader's launcher died with attempt 1 "running"; the follower joins it and waits at its rendezvous.
+    follower = follower_of(tmp_path, [{"n": 1, "total_seq_len": 8192, "cause": "running"}], [
+        "-c", "import sys, time; print('joined', sys.argv[1], flush=True); time.sleep(0 if sys.argv[1] == '2' else 60)",
+        "{attempt}", "{total_seq_len}"])  # fmt: skip
     reap(follower)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (leader_state / "node-1" / "attempt-1.log").exists():
@@ -301,15 +308,9 @@ def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_att
 
 
 def test_a_follower_whose_leader_runs_no_attempt_stops_with_its_own_exit_code(tmp_path, reap):
-    leader_state = tmp_path / "state"
-    leader_state.mkdir()
     # The leader's last attempt ended (its node went down before the next): nothing to join.
-    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "error"}]))
-    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
-           "--state", str(leader_state / "node-1"), "--follow", str(leader_state), "--leader-timeout", "2",
-           "--start", "8192", "--", sys.executable, "-c", "pass", "{total_seq_len}"]  # fmt: skip
-    follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
+    ended = [{"n": 1, "total_seq_len": 8192, "cause": "error"}]
+    follower = follower_of(tmp_path, ended, ["-c", "pass", "{total_seq_len}"], "--leader-timeout", "2")
     reap(follower)
     out, _ = follower.communicate(timeout=30)
     assert follower.returncode == 4, out  # the unit's RestartPreventExitStatus: systemd leaves it failed
@@ -318,9 +319,9 @@ def test_a_follower_whose_leader_runs_no_attempt_stops_with_its_own_exit_code(tm
 
 def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_goes_silent(tmp_path, reap):
     leader_state = tmp_path / "state"
-    leader_state.mkdir()
     # The leader runs attempt 1 (its ranks wait at their rendezvous, as ours do): the follower joins it.
-    (leader_state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "running"}]))
+    follower = follower_of(tmp_path, [{"n": 1, "total_seq_len": 8192, "cause": "running"}],
+                           ["-c", "import time; time.sleep(99)", "{total_seq_len}"], "--leader-timeout", "2")
     beating = threading.Event()
     beating.set()
 
@@ -332,11 +333,6 @@ def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_g
             time.sleep(0.3)
 
     threading.Thread(target=beat, daemon=True).start()
-    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
-           "--state", str(leader_state / "node-1"), "--follow", str(leader_state), "--leader-timeout", "2",
-           "--start", "8192", "--", sys.executable, "-c", "import time; time.sleep(99)", "{total_seq_len}"]  # fmt: skip
-    follower = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
     reap(follower)
     time.sleep(5)  # beyond the timeout: a leader that beats is waited for, however long its attempt
     assert follower.poll() is None

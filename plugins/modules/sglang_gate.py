@@ -155,7 +155,7 @@ def main() -> None:
         argument_spec={
             "url": {"type": "str", "required": True},
             "prompts": {"type": "list", "elements": "str", "default": []},
-            "max_tokens": {"type": "int", "default": 64},
+            "max_tokens": {"type": "int", "default": 64, "no_log": False},  # a count, not a secret
             "timeout": {"type": "float", "default": 300},
             "info_paths": {"type": "list", "elements": "str", "default": ["get_server_info", "server_info"]},
         },

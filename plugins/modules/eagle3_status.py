@@ -100,6 +100,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 from ansible_collections.eagle3.ops.plugins.module_utils._gpu import SMI_GPU_FIELDS, smi_rows
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
 
 
 class StatusReader:
@@ -137,11 +138,9 @@ class StatusReader:
         info = self._json(self.p["server_url"].rstrip("/") + "/get_server_info")
         if not isinstance(info, dict):
             return None
-        states = info.get("internal_states") or [{}]
-        first = states[0] if isinstance(states[0], dict) else {}
         return {"draft": info.get("speculative_draft_model_path"),
                 "draft_tokens": info.get("speculative_num_draft_tokens"),
-                "accept_length": first.get("avg_spec_accept_length")}  # fmt: skip
+                "accept_length": reported_accept_length(info)}  # fmt: skip
 
     def _json(self, url: str) -> Any:
         try:

@@ -87,6 +87,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
 
 
 class GateError(Exception):
@@ -136,9 +137,7 @@ class Gate:
 
     @staticmethod
     def accept_length(info: dict[str, Any]) -> float | None:
-        states = info.get("internal_states") or [{}]
-        first = states[0] if isinstance(states, list) and isinstance(states[0], dict) else {}
-        value = first.get("avg_spec_accept_length")
+        value = reported_accept_length(info)
         return float(value) if isinstance(value, (int, float)) else None
 
     def run(self, check_mode: bool) -> dict[str, Any]:

@@ -287,19 +287,17 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
     watch = LeaderWatch(leader)
     log(f"following the leader's attempts in {leader}")
 
-    def gone() -> int:
-        log(f"the leader ({leader}) has given no sign of life for {timeout:.0f} s - its node down or cut off, or its "
-            "unit stopped or failed: stopping; start the job again with train.yml once the leader's node is back")
-        return EXIT_LEADER_GONE
-
     while True:
         if os.path.exists(os.path.join(leader, "result.json")):
             log("the leader has its result: done")
             return 0
         lead = _running(leader)
         if lead is None or lead["n"] in left:
-            if watch.silent_for() > timeout:
-                return gone()
+            if watch.silent_for() > timeout:  # also after an attempt the leader's death ended (it stays "running")
+                log(f"the leader ({leader}) has given no sign of life for {timeout:.0f} s - its node down or cut off, "
+                    "or its unit stopped or failed: stopping; start the job again with train.yml once the leader's "
+                    "node is back")  # fmt: skip
+                return EXIT_LEADER_GONE
             time.sleep(FOLLOW_POLL)
             continue
         n = lead["n"]
@@ -320,8 +318,6 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
         if STOPPING.is_set():
             log(f"stopped during attempt {n}")
             return 128 + signal.SIGTERM
-        if watch.silent_for() > timeout and not os.path.exists(os.path.join(leader, "result.json")):
-            return gone()
         # Done once the leader has its result (it collects it after its own ranks end); until then a new attempt of
         # the leader's (it restarted before writing it) is joined like any other.
         log(f"attempt {n} ended on this node ({attempt['cause']}, rc={rc}); waiting for the leader's result or its "

@@ -292,6 +292,8 @@ class GpuCleanup:
         for name in ("grace", "timeout", "settle"):
             if self.p[name] < 0:
                 self.fail(f"{name} must be 0 or more seconds, not {self.p[name]}.")
+        if self.p["free_threshold_mib"] < 0:
+            self.fail(f"free_threshold_mib must be 0 or more MiB, not {self.p['free_threshold_mib']}.")
         if self.p["include_non_gpu"] and not self.p["match"]:
             self.fail("include_non_gpu needs match patterns, or it would stop every process.")
 

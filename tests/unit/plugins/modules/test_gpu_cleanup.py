@@ -142,6 +142,19 @@ def test_bad_arguments(gpus, capsys):
     assert res["failed"] and "neither an index nor the UUID" in res["msg"]
     res = cleanup(gpus, capsys, include_non_gpu=True)
     assert res["failed"] and "include_non_gpu needs match patterns" in res["msg"]
+    # The role has no check of its own for these: the module refuses them before it scans or signals anything,
+    # in check mode (the role's dry run) as in a real pass.
+    pid = workload(gpus, "--mib", "1000")["agent"]
+    try:
+        for bad, says in (({"grace": -1}, "grace must be 0 or more seconds"),
+                          ({"timeout": -0.5}, "timeout must be 0 or more seconds"),
+                          ({"free_threshold_mib": -1}, "free_threshold_mib must be 0 or more MiB")):  # fmt: skip
+            for check in (True, False):
+                res = cleanup(gpus, capsys, check=check, **bad)
+                assert res["failed"] and says in res["msg"] and res["signalled"] == [], res
+                assert alive(pid)
+    finally:
+        assert not cleanup(gpus, capsys).get("failed")  # the whole tree, as a real pass stops it
 
 
 def test_an_agent_that_also_runs_spared_gpus_is_not_a_root():

@@ -323,6 +323,21 @@ def _modern_name(name: str) -> str:
     return name
 
 
+def check_sglang_config(conf: dict[str, Any]) -> list[str]:
+    """Problems with a draft config.json as SGLang's EAGLE-3 loader reads it (what eagle3_export writes)."""
+    problems = []
+    if conf.get("architectures") != ["LlamaForCausalLMEagle3"]:
+        problems.append(f"architectures is {conf.get('architectures')!r}, not ['LlamaForCausalLMEagle3']")
+    if "eagle_aux_hidden_state_layer_ids" not in (conf.get("eagle_config") or {}):
+        problems.append("eagle_config.eagle_aux_hidden_state_layer_ids is missing")
+    if "eagle_aux_hidden_state_layer_ids" in conf:
+        problems.append("eagle_aux_hidden_state_layer_ids is at the top level, where SGLang does not read it")
+    for key in ("draft_vocab_size", "vocab_size", "hidden_size", "num_attention_heads", "intermediate_size"):
+        if key not in conf:
+            problems.append(f"{key} is missing")
+    return problems
+
+
 def check_tensors(sg: dict[str, Any], tensors: dict[str, list[int]], line: SGLangLine) -> list[str]:
     """Problems with the exported tensors (name -> shape): missing, misshapen, or silently dropped."""
     problems = []

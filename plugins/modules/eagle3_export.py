@@ -27,6 +27,9 @@ description:
     checkpoint is readable, the ids are checked against its layer count.
   - Checks that every tensor SGLang's loader expects is present with the right shape and that no tensor
     would be silently dropped, before anything is written.
+  - Verifies the draft at O(dest) after a real run, whether it wrote it or found it up to date - its
+    C(config.json) is what SGLang's EAGLE-3 loader reads and its weights' names and shapes are that config's - so
+    a draft it returns without failing is one the SGLang line loads (C(verified)).
   - The speculators original stays loadable, in place too, since its C(config.json) and weights are kept under
     C(speculators/) (the weights as a hard link; the export writes a new file).
   - Writers of one draft are serialised, across hosts that mount one share too (C(deploy.yml) exports on every
@@ -63,6 +66,13 @@ options:
     description: Seconds to wait for another run writing O(src) or O(dest) (on any host sharing them) before failing.
     type: float
     default: 300
+  src_optional:
+    description:
+      - Accept a missing O(src) when O(dest) already holds an exported draft (a deploy after the training run's
+        checkpoints were removed, or an export done elsewhere); that draft is verified and served as it is.
+      - With neither, the module fails naming both paths.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - eagle3.ops.attributes
 attributes:
@@ -123,10 +133,20 @@ aux_layer_ids:
   type: dict
   sample: {"trained": [2, 30, 58], "sglang": [1, 29, 57], "target_layers": 61}
 server_args:
-  description: launch_server arguments the draft needs on that line (its sliding window, when it has one).
+  description:
+    - launch_server arguments the draft needs on that line (its sliding window, when it has one).
+    - Read from the checkpoint, so empty when O(src) was absent (O(src_optional)).
   returned: always
   type: list
   elements: str
+source_found:
+  description: Whether O(src) had a checkpoint; false only with O(src_optional), when the draft at O(dest) is served.
+  returned: always
+  type: bool
+verified:
+  description: Whether the draft at O(dest) was read back and found loadable (false in check mode).
+  returned: always
+  type: bool
 """
 
 import json
@@ -137,6 +157,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import (
     ExportError,
     SGLangLine,
+    check_sglang_config,
     check_speculators_config,
     check_tensors,
     server_args,
@@ -211,11 +232,12 @@ ARGUMENT_SPEC = {
     "sglang_version": {"type": "str", "default": "legacy"},
     "max_draft_layers": {"type": "int"},
     "lock_timeout": {"type": "float", "default": 300},
+    "src_optional": {"type": "bool", "default": False},
 }
 
 
 class Done(Exception):
-    """Nothing (more) to do: the result is complete."""
+    """Nothing (more) to write: the export is complete (a real run still verifies it)."""
 
 
 class DraftExporter:
@@ -229,15 +251,23 @@ class DraftExporter:
         self.in_place = os.path.realpath(self.dest) == os.path.realpath(self.src)
         self.weights = os.path.join(self.src, WEIGHTS)
         self.result: dict = {"changed": False, "dest": self.dest, "renames": [], "dropped": [], "incompatibilities": [],
-                             "server_args": []}  # fmt: skip
+                             "server_args": [], "source_found": True, "verified": False}  # fmt: skip
         self.line = sglang_line(None)
 
     def run(self) -> None:
         """Export under the locks of src and dest (check mode: no lock, nothing written)."""
         if self.p["lock_timeout"] < 0:
             raise ExportError(f"lock_timeout must be 0 or more seconds, not {self.p['lock_timeout']}")
+        if not self.src:
+            raise ExportError("src is empty: point it at the speculators epoch directory to export")
+        if not os.path.isfile(os.path.join(self.src, "config.json")) and self.p["src_optional"]:
+            self.served_as_is()
+            return
         if self.module.check_mode or not os.path.isdir(self.src):
-            self.export()
+            try:
+                self.export()
+            except Done:
+                pass
             return
         created = not os.path.isdir(self.dest)
         os.makedirs(self.dest, exist_ok=True)
@@ -246,7 +276,11 @@ class DraftExporter:
                 for stale in stale_temporaries([self.weights, os.path.join(self.dest, WEIGHTS),
                                                 os.path.join(self.dest, "config.json")]):  # fmt: skip
                     os.unlink(stale)
-                self.export()
+                try:
+                    self.export()
+                except Done:
+                    pass
+                self.verify()  # written or up to date: read back, under the locks, before it is called done
         except BaseException:
             if created:
                 try:
@@ -281,6 +315,32 @@ class DraftExporter:
             }
         if not self.module.check_mode:
             self.write(sg, header, pl)
+
+    def served_as_is(self) -> None:
+        """No checkpoint at src, and src_optional: the draft already at dest is verified and kept as it is."""
+        self.result["source_found"] = False
+        if self.in_place or not os.path.isfile(os.path.join(self.dest, "config.json")):
+            raise ExportError(f"Neither a checkpoint at {self.src} nor an exported draft at {self.dest} exists: "
+                              "run train.yml first, or point src at a speculators epoch directory")
+        self.line = sglang_line(self.p["sglang_version"])
+        self.result["sglang_line"] = self.line.name
+        self.result["config"] = _read_json(os.path.join(self.dest, "config.json"))
+        if not self.module.check_mode:
+            with LockSet([self.dest], self.p["lock_timeout"], "eagle3_export"):  # not while a writer replaces it
+                self.verify()
+
+    def verify(self) -> None:
+        """Read the draft at dest back: a config SGLang's loader reads, and weights named and shaped after it."""
+        path = os.path.join(self.dest, "config.json")
+        conf = _read_json(path)
+        problems = check_sglang_config(conf)
+        if not problems:
+            header = read_header(os.path.join(self.dest, WEIGHTS))
+            problems = check_tensors(conf, {t.name: t.shape for t in header.tensors}, self.line)
+        if problems:
+            raise ExportError(f"The draft at {self.dest} is not one {self.line.label} loads ({'; '.join(problems)}): "
+                              "export it again from its checkpoint (remove the draft, then rerun)")
+        self.result["verified"] = True
 
     def already_exported(self, conf: dict) -> None:
         """An SGLang draft given as src: verify it in place and change nothing."""
@@ -368,11 +428,7 @@ class DraftExporter:
             os.makedirs(self.dest, exist_ok=True)
         write_rewrite(header, encode_header(obj), copies if pl.dropped else None, dest=os.path.join(self.dest, WEIGHTS))
         self.result["changed"] = True
-        write_json_atomic(os.path.join(self.dest, "config.json"), sg)
-        final = read_header(os.path.join(self.dest, WEIGHTS))
-        problems = check_tensors(sg, {t.name: t.shape for t in final.tensors}, self.line)
-        if problems:
-            raise ExportError(f"the exported {self.dest} failed its own check: {'; '.join(problems)}")
+        write_json_atomic(os.path.join(self.dest, "config.json"), sg)  # main() then reads the draft back (verify)
 
 
 def main() -> None:
@@ -380,8 +436,6 @@ def main() -> None:
     exporter = DraftExporter(module)
     try:
         exporter.run()
-    except Done:
-        pass
     except (ExportError, SafetensorsError) as exc:
         module.fail_json(msg=str(exc), **exporter.result)
     except OSError as exc:

@@ -152,6 +152,48 @@ def test_not_a_speculators_checkpoint(tmp_path, capsys):
     assert res["failed"] and "config.json does not exist" in res["msg"]
 
 
+def test_every_real_run_reads_the_draft_back(epoch, tmp_path, capsys):
+    dest = tmp_path / "draft"
+    assert export(capsys, src=str(epoch), dest=str(dest))["verified"] is True  # written
+    assert export(capsys, check=True, src=str(epoch), dest=str(dest))["verified"] is False  # check mode reads nothing
+    up_to_date = export(capsys, src=str(epoch), dest=str(dest))
+    assert up_to_date["changed"] is False and up_to_date["verified"] is True
+    # A draft whose config SGLang would misread is refused even though its weights are current.
+    conf = json.loads((dest / "config.json").read_text())
+    conf["eagle_aux_hidden_state_layer_ids"] = conf["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")
+    (dest / "config.json").write_text(json.dumps(conf))
+    rewritten = export(capsys, src=str(epoch), dest=str(dest))  # the config differs: written again, then verified
+    assert rewritten["changed"] and rewritten["verified"], rewritten.get("msg")
+
+
+def test_a_missing_source_serves_the_draft_already_exported_when_allowed(epoch, tmp_path, capsys):
+    dest = tmp_path / "draft"
+    export(capsys, src=str(epoch), dest=str(dest))
+    before = digest(dest)
+    gone = tmp_path / "train" / "gone"
+    res = export(capsys, src=str(gone), dest=str(dest), src_optional=True)
+    assert not res.get("failed"), res.get("msg")
+    assert (res["changed"], res["source_found"], res["verified"]) == (False, False, True)
+    assert res["config"]["architectures"] == ["LlamaForCausalLMEagle3"] and digest(dest) == before
+    # Without src_optional the missing checkpoint is an error naming it; with neither, both paths are named.
+    res = export(capsys, src=str(gone), dest=str(dest))
+    assert res["failed"] and f"{gone}/config.json does not exist" in res["msg"]
+    res = export(capsys, src=str(gone), dest=str(tmp_path / "nothing"), src_optional=True)
+    assert res["failed"] and res["msg"].startswith(f"Neither a checkpoint at {gone} nor an exported draft at")
+    assert not (tmp_path / "nothing").exists()
+    # A draft kept that SGLang would not load is refused, naming the problem and the fix.
+    tensors = drafter_tensors()
+    save_file({k: v for k, v in tensors.items() if k not in ("fc.weight", "t2d")}, str(dest / "model.safetensors"))
+    res = export(capsys, src=str(gone), dest=str(dest), src_optional=True)
+    assert res["failed"] and f"The draft at {dest} is not one" in res["msg"] and "fc.weight is missing" in res["msg"]
+    assert "export it again" in res["msg"]
+
+
+def test_an_empty_source_is_refused(tmp_path, capsys):
+    res = export(capsys, src="", dest=str(tmp_path / "d"))
+    assert res["failed"] and res["msg"].startswith("src is empty")
+
+
 @pytest.mark.parametrize("name", ["eagle3_export", "safetensors_remap"])
 def test_module_documents_parse_with_ansible_doc(name):
     import subprocess

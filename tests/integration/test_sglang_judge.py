@@ -163,6 +163,31 @@ def test_the_command_line_form_exits_1_naming_both_values(model_dirs):
     assert rc == 1 and out["differences"] == [{"field": "speculative_num_draft_tokens", "asked": 16, "resolved": 4}]
 
 
+def test_serve_asks_each_verdict_once_per_inputs_and_keeps_only_what_passed(model_dirs, tmp_path):
+    """The deploy's call: a verdict kept for the same inputs is not asked again; a refusal is never kept."""
+    kept = tmp_path / "verdicts"
+    base = ["--model-path", str(model_dirs["target"]), "--device", "cpu",
+            "--speculative-draft-model-path", str(model_dirs["draft"])]  # fmt: skip
+    good = [*base, *_raw_argv(4, 1, 3)]
+    # check mode: asked, nothing kept
+    rc, out = judge("serve", "--verdicts", str(kept), "--no-keep", "--", *good)
+    assert (rc, out["judged"], out["kept"]) == (0, ["args"], []) and not kept.exists()
+    rc, out = judge("serve", "--verdicts", str(kept), "--", *good)
+    assert (rc, out["judged"], out["args"]["ok"], out["sglang"]) == (0, ["args"], True, "0.5.23")
+    assert len(list(kept.iterdir())) == 1
+    rc, out = judge("serve", "--verdicts", str(kept), "--", *good)
+    assert (rc, out["judged"], out["kept"]) == (0, [], ["args"])  # not asked again: SGLang is not imported
+    # what SGLang would rewrite: refused (exit 1), named, and not kept (the next run asks again)
+    bad = [*base, *_raw_argv(16, 1, 3)]
+    rc, out = judge("serve", "--verdicts", str(kept), "--", *bad)
+    assert (rc, out["failed"], out["judged"]) == (1, "args", ["args"])
+    assert out["args"]["differences"] == [{"field": "speculative_num_draft_tokens", "asked": 16, "resolved": 4}]
+    assert len(list(kept.iterdir())) == 1
+    # --no-args with no draft asks nothing at all
+    rc, out = judge("serve", "--verdicts", str(kept), "--no-args", "--", *bad)
+    assert (rc, out["judged"], out["kept"]) == (0, [], [])
+
+
 # ---------------------------------------------------------------- weights
 
 

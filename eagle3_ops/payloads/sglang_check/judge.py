@@ -4,6 +4,7 @@ Run with the serving host's Python (the one that has SGLang), from the payload d
 
     python -m sglang_check.judge args  [--json CASES.json | -- LAUNCH_SERVER ARGS...]
     python -m sglang_check.judge load  DRAFT_DIR
+    python -m sglang_check.judge serve --verdicts DIR [--draft DRAFT] [--no-args] [--no-keep] -- LAUNCH_SERVER ARGS...
 
 Both print one JSON object on stdout and exit 0 when SGLang accepts what was given, 1 when it does not
 (the JSON says why), 2 when the check itself could not run. ``load_model`` and ``draft_forward`` run SGLang's
@@ -13,6 +14,12 @@ draft model itself (the tests compare it with the lab's reference engine, tests/
 ``check_server_args`` -> ``resolved_dict`` on the exact command line, and compares every speculative
 value that was asked for with what SGLang resolved it to: SGLang rewrites inconsistent values with a
 warning instead of refusing them (EAGLE3, topk 1, 3 steps, 16 draft tokens runs with 4 draft tokens).
+
+``serve`` is what a deploy asks (the role sglang_serve, one call per server): both verdicts, each kept as an empty
+file named by the hash of its inputs under ``--verdicts`` - the command line and SGLang's release; the draft's files
+(path, size, mtime, inode) and the release. A verdict kept for the same inputs is not asked again: a setting switch
+of the same draft asks about its command line only, and a rerun about nothing (importing SGLang is seconds). Each
+verdict that is asked runs in its own process (``args`` and ``load`` need different shims before SGLang is imported).
 
 ``load`` builds ``LlamaForCausalLMEagle3`` from the draft's config.json in a one-process gloo group and
 feeds every tensor of the draft through the real ``load_weights``, one at a time, watching which
@@ -28,6 +35,7 @@ import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -343,6 +351,64 @@ def cmd_load(ns: argparse.Namespace) -> int:
     return _emit(result, 0 if result["ok"] else 1)
 
 
+# ---------------------------------------------------------------- serve
+
+
+def _digest(obj: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _files(draft: str) -> list[dict[str, Any]]:
+    """What identifies the draft's files without reading them (a new export replaces them: a new inode or mtime)."""
+    out = []
+    for name in ("config.json", "model.safetensors"):
+        path = os.path.join(draft, name)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            out.append({"path": path, "exists": False})
+            continue
+        out.append({"path": path, "exists": True, "size": st.st_size, "mtime": st.st_mtime_ns, "inode": st.st_ino})
+    return out
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    sglang = _sglang_version()
+    asked: dict[str, tuple[str, list[str]]] = {}
+    if ns.check_args:
+        asked["args"] = ("args-" + _digest({"args": ns.argv, "sglang": sglang}), ["args", "--", *ns.argv])
+    if ns.draft:
+        asked["load"] = ("load-" + _digest({"draft": ns.draft, "files": _files(ns.draft), "sglang": sglang}),
+                         ["load", ns.draft])  # fmt: skip
+    result: dict[str, Any] = {"ok": True, "sglang": sglang, "judged": [], "kept": []}
+    for kind, (name, argv) in asked.items():
+        stamp = os.path.join(ns.verdicts, name)
+        if os.path.exists(stamp):
+            result["kept"].append(kind)
+            continue
+        proc = subprocess.run([sys.executable, "-m", "sglang_check.judge", *argv], capture_output=True, text=True,
+                              check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
+        code = proc.returncode if proc.returncode in (0, 1) else 2
+        try:
+            verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            code = 2
+            verdict = {"ok": False, "error": f"the {kind} check could not run (exit {proc.returncode}): "
+                                             f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}  # fmt: skip
+        result[kind] = verdict
+        result["judged"].append(kind)
+        if code != 0 or not verdict.get("ok"):
+            result.update(ok=False, failed=kind)
+            return _emit(result, code or 1)
+        if ns.keep:
+            os.makedirs(ns.verdicts, exist_ok=True)
+            with open(stamp, "a", encoding="utf-8"):
+                pass
+    return _emit(result, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="judge", description=__doc__.splitlines()[0])
@@ -354,6 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     ld = sub.add_parser("load", help="load a draft through SGLang's LlamaForCausalLMEagle3.load_weights")
     ld.add_argument("draft")
     ld.set_defaults(run=cmd_load)
+    sv = sub.add_parser("serve", help="a deploy's verdicts, each asked only when none is kept for its inputs")
+    sv.add_argument("--verdicts", required=True, help="directory of the kept verdicts (empty files named by hash)")
+    sv.add_argument("--draft", help="the draft to load through SGLang's loader (none: no load verdict)")
+    sv.add_argument("--no-args", dest="check_args", action="store_false", help="no verdict on the command line")
+    sv.add_argument("--no-keep", dest="keep", action="store_false", help="keep nothing (check mode)")
+    sv.add_argument("argv", nargs=argparse.REMAINDER, help="launch_server arguments, after --")
+    sv.set_defaults(run=cmd_serve)
     ns = ap.parse_args(argv)
     if getattr(ns, "argv", None) and ns.argv[0] == "--":
         ns.argv = ns.argv[1:]

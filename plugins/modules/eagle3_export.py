@@ -324,12 +324,13 @@ class DraftExporter:
                               "run train.yml first, or point src at a speculators epoch directory")
         self.line = sglang_line(self.p["sglang_version"])
         self.result["sglang_line"] = self.line.name
-        self.result["config"] = _read_json(os.path.join(self.dest, "config.json"))
-        if not self.module.check_mode:
-            with LockSet([self.dest], self.p["lock_timeout"], "eagle3_export"):  # not while a writer replaces it
-                self.verify()
+        if self.module.check_mode:
+            self.result["config"] = _read_json(os.path.join(self.dest, "config.json"))
+            return
+        with LockSet([self.dest], self.p["lock_timeout"], "eagle3_export"):  # not while a writer replaces it
+            self.result["config"] = self.verify()
 
-    def verify(self) -> None:
+    def verify(self) -> dict:
         """Read the draft at dest back: a config SGLang's loader reads, and weights named and shaped after it."""
         path = os.path.join(self.dest, "config.json")
         conf = _read_json(path)
@@ -341,6 +342,7 @@ class DraftExporter:
             raise ExportError(f"The draft at {self.dest} is not one {self.line.label} loads ({'; '.join(problems)}): "
                               "export it again from its checkpoint (remove the draft, then rerun)")
         self.result["verified"] = True
+        return conf
 
     def already_exported(self, conf: dict) -> None:
         """An SGLang draft given as src: verify it in place and change nothing."""
@@ -428,7 +430,7 @@ class DraftExporter:
             os.makedirs(self.dest, exist_ok=True)
         write_rewrite(header, encode_header(obj), copies if pl.dropped else None, dest=os.path.join(self.dest, WEIGHTS))
         self.result["changed"] = True
-        write_json_atomic(os.path.join(self.dest, "config.json"), sg)  # main() then reads the draft back (verify)
+        write_json_atomic(os.path.join(self.dest, "config.json"), sg)  # run() reads it back under the locks (verify)
 
 
 def main() -> None:

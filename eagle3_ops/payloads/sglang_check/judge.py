@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -355,8 +356,6 @@ def cmd_load(ns: argparse.Namespace) -> int:
 
 
 def _digest(obj: Any) -> str:
-    import hashlib
-
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 

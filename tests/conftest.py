@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -51,6 +53,16 @@ init_collection_loader()
 USER_LAB_ROOT = Path("/var/lib/eagle3-lab")
 
 
+@contextlib.contextmanager
+def lab_build_lock() -> Iterator[None]:
+    """One lab.yml at a time on this machine: the test command runs the one-node test lab and the fleet tests' lab
+    in two workers, and their builds share the host's packages, template cache and wheelhouse."""
+    with open("/run/lock/eagle3-ops-tests-lab.lock" if os.path.isdir("/run/lock") else "/tmp/eagle3-ops-tests-lab.lock",
+              "w") as fh:  # fmt: skip
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def ansible_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -71,9 +83,10 @@ def run_playbook(
 ) -> subprocess.CompletedProcess[str]:
     """ansible-playbook from the repository root, as a user runs it; JSON-lines-free plain output."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), str(playbook), *args]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout, check=False
-    )
+    with lab_build_lock() if Path(playbook).name == "lab.yml" else contextlib.nullcontext():
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
@@ -180,7 +193,7 @@ def lab() -> Iterator[dict[str, object]]:
         pytest.skip(reason)
     started = time.monotonic()
     proc = run_playbook("lab.yml")
-    _LAB_BRINGUP_SECONDS[0] += time.monotonic() - started
+    _BRINGUP_PENDING.append(time.monotonic() - started)
     yield {"recap": recap(proc.stdout), "output": proc.stdout}
 
 
@@ -205,9 +218,14 @@ def user_lab_snapshot() -> dict[str, object]:
 
 
 _USER_LAB_AT_START: dict[str, object] = {}
-_LAB_BRINGUP_SECONDS = [0.0]
-# Wall-clock seconds per stage of the test command, printed at the end (and written for .ci/run's summary).
-_STAGE_SECONDS: dict[str, float] = {"unit": 0.0, "sglang": 0.0, "lab": 0.0, "pipeline": 0.0}
+# A lab fixture's bring-up time (seconds it appends to _BRINGUP_PENDING), as a user property of the test whose setup
+# brought the lab up, so that the controller under pytest-xdist sees it too.
+BRINGUP = "eagle3_lab_bringup_s"
+_BRINGUP_PENDING: list[float] = []
+# Seconds per stage of the test command (the time of its tests; under pytest-xdist two run at once), printed at
+# the end and written for .ci/run's summary.
+_STAGE_SECONDS: dict[str, float] = {"unit": 0.0, "sglang": 0.0, "lab": 0.0, "pipeline": 0.0, "fleet": 0.0}
+_SESSION_STARTED = [time.monotonic()]
 # Test files that run the training/serving pipeline for real; every other integration file is "lab".
 PIPELINE_FILES = {"test_pipeline.py", "test_deploy.py", "test_train_job.py", "test_cli.py"}
 
@@ -216,34 +234,69 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _USER_LAB_AT_START.update(user_lab_snapshot())
 
 
+def _lab_group(item: pytest.Item) -> str | None:
+    """The lab a test runs against, if any: "fleet" (tests/lab-fleet, marked fleet_lab) or "lab" (the one-node test
+    lab, tests/lab: it asks for the lab fixture, or takes that lab down)."""
+    if item.get_closest_marker("fleet_lab"):
+        return "fleet"
+    if "lab" in item.fixturenames or item.get_closest_marker("lab_teardown"):
+        return "lab"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked lab_teardown run after everything else, whatever their file names."""
-    items.sort(key=lambda item: item.get_closest_marker("lab_teardown") is not None)
+    """The tests of each lab form one group (a module with one such test joins it whole, so its module fixtures are
+    made once), run in order by one worker under pytest-xdist (--dist loadgroup --no-loadscope-reorder): the one-node
+    lab's first (its lab_teardown tests last of them), then the tests of no lab, then the fleet's - with -n 2 one
+    worker takes the one-node lab's tests while the other runs the rest and then the fleet's."""
+    order = {"lab": 0, None: 1, "fleet": 2}
+    modules: dict[str, str | None] = {}
+    for item in items:
+        group = _lab_group(item)
+        path = str(item.path)
+        if group and modules.get(path) != "fleet":
+            modules[path] = group
+        modules.setdefault(path, None)
+    for item in items:
+        if modules[str(item.path)]:
+            item.add_marker(pytest.mark.xdist_group(modules[str(item.path)]))
+    items.sort(key=lambda item: (order[modules[str(item.path)]], item.get_closest_marker("lab_teardown") is not None))
 
 
-def _stage_of(item: pytest.Item) -> str:
-    path = Path(str(item.fspath))
+def _stage_of(nodeid: str) -> str:
+    path = Path(nodeid.split("::")[0])
     if "unit" in path.parts:
         return "unit"
     if path.name.startswith("test_sglang"):
         return "sglang"  # SGLang itself judging, in .venv-sglang
+    if path.name == "test_fleet.py":
+        return "fleet"
     return "pipeline" if path.name in PIPELINE_FILES else "lab"
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    started, bringup = time.monotonic(), _LAB_BRINGUP_SECONDS[0]
+def pytest_runtest_setup(item: pytest.Item):
     yield
-    # The lab's bring-up happens in the setup of whichever test first asks for it: it counts as "lab".
-    spent_on_bringup = _LAB_BRINGUP_SECONDS[0] - bringup
-    _STAGE_SECONDS[_stage_of(item)] += time.monotonic() - started - spent_on_bringup
-    _STAGE_SECONDS["lab"] += spent_on_bringup
+    while _BRINGUP_PENDING:
+        item.user_properties.append((BRINGUP, _BRINGUP_PENDING.pop()))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each phase's time to its stage (in the controller, for the reports of every worker); a lab's bring-up, in the
+    setup of whichever test first asks for it, counts as "lab"."""
+    bringup = sum(value for key, value in report.user_properties if key == BRINGUP) if report.when == "setup" else 0.0
+    _STAGE_SECONDS[_stage_of(report.nodeid)] += report.duration - bringup
+    _STAGE_SECONDS["lab"] += bringup
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return  # a pytest-xdist worker: the controller sums every worker's reports
     total = sum(_STAGE_SECONDS.values())
+    wall = time.monotonic() - _SESSION_STARTED[0]
     lines = [f"{stage:<9} {seconds / 60:6.1f} min" for stage, seconds in _STAGE_SECONDS.items()]
-    terminalreporter.write_sep("-", f"test stages (total {total / 60:.1f} min)")
+    terminalreporter.write_sep("-", f"test stages (test time {total / 60:.1f} min, wall time {wall / 60:.1f} min)")
     for line in lines:
         terminalreporter.write_line(line)
     out = os.environ.get("EAGLE3_STAGE_TIMES")

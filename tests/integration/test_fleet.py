@@ -1,9 +1,13 @@
 """The lab as a fleet (tests/lab-fleet): two Proxmox nodes, each with its own ssh hop (host key checked) and its own
 pct, one cluster API over both, the shared storage in every container, and the lab's bridge between containers -
-then the fleet-wide runs across both nodes, including a node that cannot be reached."""
+then the fleet-wide runs across both nodes, including a node that cannot be reached.
+
+The fleet is a lab of its own (root, ports, keys, pct and bridge apart from the one-node test lab's), brought up by
+this module and taken down after it, so its tests run beside the one-node lab's in the other pytest-xdist worker."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -16,20 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
-    LAB_API_PORT,
-    LAB_PORT,
-    LAB_ROOT,
-    LAB_STATE,
-    PCT,
-    ROOT,
-    ansible_env,
-    recap,
-    run_playbook,  # fmt: skip
-)
+from tests.conftest import _BRINGUP_PENDING, ROOT, ansible_env, lab_unavailable, recap, run_playbook
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.fleet_lab]
 FLEET = ROOT / "tests" / "lab-fleet"
+# This lab's state, root, hop ports and API port (tests/lab-fleet/group_vars/all/10-fleet-test-lab.yml).
+LAB_STATE = ROOT / ".lab-fleet-test"
+LAB_ROOT = Path("/var/lib/eagle3-lab-fleettest")
+PCT = str(LAB_ROOT / "sbin" / "pct")
+LAB_PORT = 10132
+LAB_API_PORT = 8116
 NODES = {"pve-lab": LAB_PORT, "pve-lab2": LAB_PORT + 1}
 CONTAINERS = {131: "pve-lab", 132: "pve-lab2", 133: "pve-lab", 134: "pve-lab2"}
 IPS = {131: "10.203.0.31", 132: "10.203.0.32", 133: "10.203.0.33", 134: "10.203.0.34"}
@@ -55,25 +55,29 @@ def hop_of(node: str, *remote: str) -> subprocess.CompletedProcess[str]:
 
 
 def close_ssh_masters() -> None:
-    """Ansible's ControlPersist masters would keep a session to a stopped hop alive; a new run opens new ones."""
+    """Ansible's ControlPersist masters would keep a session to a stopped hop alive; a new run opens new ones. Only
+    this lab's: the one-node lab's tests use theirs at the same time (ansible names a master after a hash of host,
+    port and user)."""
     cp = os.path.expanduser("~/.ansible/cp")
-    for name in os.listdir(cp) if os.path.isdir(cp) else []:
-        subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(cp, name)}", "-O", "exit", "x"], capture_output=True,
-                       timeout=10, check=False)  # fmt: skip
+    for port in NODES.values():
+        name = hashlib.sha1(f"127.0.0.1-{port}-root".encode()).hexdigest()[:10]  # noqa: S324 -- ansible's own naming
+        if os.path.exists(os.path.join(cp, name)):
+            subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(cp, name)}", "-O", "exit", "x"],
+                           capture_output=True, timeout=10, check=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def fleet(lab):
+def fleet():
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
     proc = run_playbook("lab.yml", env=fleet_env(), timeout=1500)
+    _BRINGUP_PENDING.append(time.monotonic() - started)
     yield recap(proc.stdout)
-    for vmid, node in CONTAINERS.items():
-        node_pct(node, "destroy", str(vmid), "--force", "1", check=False)
-    hop_pid = LAB_ROOT / "sshd-pve-lab2" / "sshd.pid"
-    if hop_pid.exists():
-        os.kill(int(hop_pid.read_text().split()[0]), signal.SIGTERM)
     close_ssh_masters()
-    # back to the single-node lab: the API answers for pve-lab alone, known_hosts holds its one hop
-    run_playbook("lab.yml", timeout=900)
+    down = run_playbook("lab.yml", "-e", "lab_state=absent", env=fleet_env(), timeout=900, check=False)
+    assert down.returncode == 0 and not LAB_ROOT.exists(), down.stdout[-4000:]
 
 
 def test_each_node_has_its_hop_and_its_pct(fleet):
@@ -194,7 +198,8 @@ def test_provision_creates_a_container_on_the_node_the_inventory_names(fleet, tm
     host = {"pct_vmid": 135, "pct_node": "pve-lab2", "ansible_port": NODES["pve-lab2"], "proxmox_ct_gpus": [0],
             "proxmox_ct_tags": ["trainer"],
             "proxmox_ct_conf_dir": str(LAB_ROOT / "pve" / "nodes" / "pve-lab2" / "lxc")}  # fmt: skip
-    path = inventory(tmp_path, {"fleet-135": host})
+    path = inventory(tmp_path, {"fleet-135": host}, state=LAB_STATE, root=LAB_ROOT, port=LAB_PORT,
+                     api_port=LAB_API_PORT)  # fmt: skip
     data = yaml.safe_load(path.read_text())
     data["all"]["children"]["hypervisors"]["hosts"]["pve-lab2"] = {
         **data["all"]["children"]["hypervisors"]["hosts"]["pve-lab"], "ansible_port": NODES["pve-lab2"],
@@ -418,7 +423,6 @@ def test_trainers_that_cannot_form_one_job_are_refused_before_anything_starts(fl
 # --- Serving a fleet: two servers (one per node) behind SGLang's router on ct131 ---
 
 SERVERS = {"ct133": ("pve-lab", 133), "ct134": ("pve-lab2", 134)}
-ONE_NODE_DRAFT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"  # test_deploy's drafter, when it ran
 SERVE = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
          "-e", f"eagle3_draft_source={FLEET_RUN}/train-serve/save/checkpoint_best")  # fmt: skip
 ROUTER_URL = "http://10.203.0.31:30080"
@@ -474,18 +478,12 @@ def rate(records: list[dict], t0: float, t1: float) -> float:
 @pytest.fixture(scope="module")
 def fleet_served(fleet_run):
     """Both servers serve a drafter at 3 draft tokens behind the router (the first deploy installs the servers'
-    runtimes and the router). The drafter: the one-node lab's (test_deploy trains it on the same shared storage:
-    the same target, data recipe and 15 epochs), else the fleet's data trained on ct131 as long (the fleet tests'
-    3 epochs accept nothing and the accept-length gate refuses them)."""
-    best = f"{FLEET_RUN}/train-serve/save/checkpoint_best"
-    if trainer("ct131", "test", "-f", f"{ONE_NODE_DRAFT}/model.safetensors", check=False).returncode == 0:
-        trainer("ct131", "mkdir", "-p", best.rsplit("/", 1)[0])
-        trainer("ct131", "ln", "-sfn", ONE_NODE_DRAFT, best)
-    else:
-        train = run_playbook("train.yml", *TRAIN, "--limit", "ct131", "-e", "eagle3_train_epochs=15", "-e",
-                             f"eagle3_train_dir={FLEET_RUN}/train-serve", "-e", '{"eagle3_train_hosts": ["ct131"]}',
-                             env=fleet_env(), timeout=1800, check=False)  # fmt: skip
-        assert train.returncode == 0, train.stdout[-5000:]
+    runtimes and the router). The drafter: the fleet's data trained on ct131 for 15 epochs, as the one-node lab's is
+    (the fleet tests' 3 epochs accept nothing and the accept-length gate refuses them)."""
+    train = run_playbook("train.yml", *TRAIN, "--limit", "ct131", "-e", "eagle3_train_epochs=15", "-e",
+                         f"eagle3_train_dir={FLEET_RUN}/train-serve", "-e", '{"eagle3_train_hosts": ["ct131"]}',
+                         env=fleet_env(), timeout=1800, check=False)  # fmt: skip
+    assert train.returncode == 0, train.stdout[-5000:]
     proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=3", env=fleet_env(), timeout=2400, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:]
     yield proc

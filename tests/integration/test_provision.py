@@ -17,26 +17,28 @@ TEMPLATE = "local:vztmpl/debian-12-eagle3lab-v2_amd64.tar"
 
 
 def inventory(
-    tmp_path: Path, hosts: dict[str, dict], name: str = "hosts", drop: tuple[str, ...] = (), **group_vars
+    tmp_path: Path, hosts: dict[str, dict], name: str = "hosts", drop: tuple[str, ...] = (), *,
+    state: Path = LAB_STATE, root: Path = LAB_ROOT, port: int = LAB_PORT, api_port: int = LAB_API_PORT, **group_vars
 ) -> Path:
+    """An inventory of HOSTS on a lab (the one-node test lab's unless told: its state, root, hop and API ports)."""
     data = {
         "all": {
             "vars": {
-                "lab_ssh_port": LAB_PORT,
-                "eagle3_lab_state_dir": str(LAB_STATE),
-                "ansible_ssh_private_key_file": str(LAB_STATE / "id_ed25519"),
+                "lab_ssh_port": port,
+                "eagle3_lab_state_dir": str(state),
+                "ansible_ssh_private_key_file": str(state / "id_ed25519"),
                 "ansible_ssh_common_args": (
-                    f"-o UserKnownHostsFile={LAB_STATE / 'known_hosts'} -o StrictHostKeyChecking=yes"
+                    f"-o UserKnownHostsFile={state / 'known_hosts'} -o StrictHostKeyChecking=yes"
                 ),
                 "proxmox_api_host": "127.0.0.1",
-                "proxmox_api_port": LAB_API_PORT,
+                "proxmox_api_port": api_port,
                 "proxmox_api_user": "root@pam",
                 "proxmox_api_token_id": "eagle3",
-                "proxmox_api_token_secret": (LAB_STATE / "pve-token").read_text(),
-                "proxmox_api_validate_certs": str(LAB_STATE / "pve-ca.pem"),
+                "proxmox_api_token_secret": (state / "pve-token").read_text(),
+                "proxmox_api_validate_certs": str(state / "pve-ca.pem"),
                 "proxmox_ct_template": TEMPLATE,
-                "proxmox_ct_conf_dir": str(LAB_ROOT / "pve/nodes/pve-lab/lxc"),
-                "proxmox_ct_gpu_device_dir": str(LAB_ROOT / "dev"),
+                "proxmox_ct_conf_dir": str(root / "pve/nodes/pve-lab/lxc"),
+                "proxmox_ct_gpu_device_dir": str(root / "dev"),
                 "proxmox_ct_cores": 1,
                 "proxmox_ct_memory": 1024,
                 **group_vars,
@@ -46,7 +48,7 @@ def inventory(
                     "hosts": {
                         "pve-lab": {
                             "ansible_host": "127.0.0.1",
-                            "ansible_port": LAB_PORT,
+                            "ansible_port": port,
                             "ansible_user": "root",
                             "proxmox_node": "pve-lab",
                             "ansible_python_interpreter": "/usr/bin/python3",
@@ -57,7 +59,7 @@ def inventory(
                     "vars": {
                         "ansible_connection": "eagle3.ops.pct",
                         "ansible_host": "127.0.0.1",
-                        "ansible_port": LAB_PORT,
+                        "ansible_port": port,
                         "ansible_user": "root",
                         "pct_node": "pve-lab",
                         "ansible_python_interpreter": "/usr/bin/python3",

@@ -36,6 +36,43 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 python=${PYTHON:-python3}
+
+# SGLang, the judge of what eagle3-ops derives for it (argument resolution, the EAGLE-3 weight loader), in
+# its own environment: its pins (openai, tokenizers) differ from the project's, and it is CPU-only here.
+# torch first and pinned (SGLang's metadata would pull a CUDA build), then the frozen list without deps.
+sglang_env() {
+  set -euo pipefail
+  local lock=roles/sglang_runtime/files/requirements-cpu.lock
+  if [ ! -x .venv-sglang/bin/python ]; then
+    "$python" -m venv .venv-sglang
+  fi
+  if ! cmp -s "$lock" .venv-sglang/.installed-lock; then
+    .venv-sglang/bin/python -m pip install -q --upgrade pip
+    .venv-sglang/bin/python -m pip install -q "$(sed -n 's/^sglang_runtime_torch: //p' roles/sglang_runtime/defaults/main.yml)"
+    .venv-sglang/bin/python -m pip install -q --no-deps -r "$lock"
+    cp "$lock" .venv-sglang/.installed-lock
+  fi
+}
+# sed, not head: head closes the pipe early and ansible then prints a "Broken pipe" traceback on reruns.
+# SGLang's router (smg), pinned as the sglang_router role installs it: the unit tests of the router module
+# drive the real router.
+router_env() {
+  set -euo pipefail
+  local lock=roles/sglang_router/files/requirements.lock
+  if [ ! -x .venv-router/bin/python ]; then
+    "$python" -m venv .venv-router
+  fi
+  if ! cmp -s "$lock" .venv-router/.installed-lock; then
+    .venv-router/bin/python -m pip install -q --no-deps -r "$lock"
+    cp "$lock" .venv-router/.installed-lock
+  fi
+}
+# The three environments are independent: SGLang's and the router's install while the project's does (each pip
+# install is mostly one core's work; this machine has two or more).
+sglang_env &
+sglang_pid=$!
+router_env &
+router_pid=$!
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
@@ -52,29 +89,7 @@ if [ -f "$stale/MANIFEST.json" ] && [ ! -L "$stale" ] && grep -q '"namespace": "
   echo "bootstrap: removing the installed copy $stale (it shadows this checkout)"
   rm -rf "$stale"
 fi
-# SGLang, the judge of what eagle3-ops derives for it (argument resolution, the EAGLE-3 weight loader), in
-# its own environment: its pins (openai, tokenizers) differ from the project's, and it is CPU-only here.
-# torch first and pinned (SGLang's metadata would pull a CUDA build), then the frozen list without deps.
-sglang_lock=roles/sglang_runtime/files/requirements-cpu.lock
-if [ ! -x .venv-sglang/bin/python ]; then
-  "$python" -m venv .venv-sglang
-fi
-if ! cmp -s "$sglang_lock" .venv-sglang/.installed-lock; then
-  .venv-sglang/bin/python -m pip install -q --upgrade pip
-  .venv-sglang/bin/python -m pip install -q "$(sed -n 's/^sglang_runtime_torch: //p' roles/sglang_runtime/defaults/main.yml)"
-  .venv-sglang/bin/python -m pip install -q --no-deps -r "$sglang_lock"
-  cp "$sglang_lock" .venv-sglang/.installed-lock
-fi
-# sed, not head: head closes the pipe early and ansible then prints a "Broken pipe" traceback on reruns.
-# SGLang's router (smg), pinned as the sglang_router role installs it: the unit tests of the router module
-# drive the real router.
-router_lock=roles/sglang_router/files/requirements.lock
-if [ ! -x .venv-router/bin/python ]; then
-  "$python" -m venv .venv-router
-fi
-if ! cmp -s "$router_lock" .venv-router/.installed-lock; then
-  .venv-router/bin/python -m pip install -q --no-deps -r "$router_lock"
-  cp "$router_lock" .venv-router/.installed-lock
-fi
+wait "$sglang_pid" || { echo "bootstrap: installing SGLang into .venv-sglang failed (see pip's error above)" >&2; exit 1; }
+wait "$router_pid" || { echo "bootstrap: installing the router into .venv-router failed (see pip's error above)" >&2; exit 1; }
 echo "bootstrap: ready (.venv with $(.venv/bin/ansible --version 2>/dev/null | sed -n 1p); .venv-sglang with sglang" \
   "$(.venv-sglang/bin/python -c 'from importlib.metadata import version; print(version("sglang"))'))"

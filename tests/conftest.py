@@ -234,9 +234,23 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _USER_LAB_AT_START.update(user_lab_snapshot())
 
 
-def _lab_group(item: pytest.Item) -> str | None:
-    """The lab a test runs against, if any: "fleet" (tests/lab-fleet, marked fleet_lab) or "lab" (the one-node test
-    lab, tests/lab: it asks for the lab fixture, or takes that lab down)."""
+# The test command runs in two pytest-xdist workers (-n 2). Each lab's tests form one group that one worker runs in
+# order: every integration file is the one-node test lab's (tests/lab) but the fleet's own (tests/lab-fleet, marked
+# fleet_lab) and those that need no lab; unit tests need none either. The groups go by file (pytest-xdist's own
+# xdist_group marks do not reach its scheduler on pytest 9.2), and collection checks that each test's lab agrees.
+FLEET_FILES = {"test_fleet.py"}
+LABLESS_FILES = {"test_sglang_judge.py", "test_collection.py", "test_template.py"}
+
+
+def lab_group(path: str | Path) -> str | None:
+    """The lab whose worker runs the tests of this file: "lab", "fleet", or None (any worker)."""
+    p = Path(path)
+    if "integration" not in p.parts or p.name in LABLESS_FILES:
+        return None
+    return "fleet" if p.name in FLEET_FILES else "lab"
+
+
+def _lab_used(item: pytest.Item) -> str | None:
     if item.get_closest_marker("fleet_lab"):
         return "fleet"
     if "lab" in item.fixturenames or item.get_closest_marker("lab_teardown"):
@@ -246,22 +260,36 @@ def _lab_group(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests of each lab form one group (a module with one such test joins it whole, so its module fixtures are
-    made once), run in order by one worker under pytest-xdist (--dist loadgroup --no-loadscope-reorder): the one-node
-    lab's first (its lab_teardown tests last of them), then the tests of no lab, then the fleet's - with -n 2 one
-    worker takes the one-node lab's tests while the other runs the rest and then the fleet's."""
+    """The one-node lab's tests first (its lab_teardown tests last of them), then those of no lab, then the fleet's:
+    with -n 2 one worker takes the one-node lab's group while the other runs the rest and then the fleet's."""
     order = {"lab": 0, None: 1, "fleet": 2}
-    modules: dict[str, str | None] = {}
     for item in items:
-        group = _lab_group(item)
-        path = str(item.path)
-        if group and modules.get(path) != "fleet":
-            modules[path] = group
-        modules.setdefault(path, None)
-    for item in items:
-        if modules[str(item.path)]:
-            item.add_marker(pytest.mark.xdist_group(modules[str(item.path)]))
-    items.sort(key=lambda item: (order[modules[str(item.path)]], item.get_closest_marker("lab_teardown") is not None))
+        used, group = _lab_used(item), lab_group(item.path)
+        if used and used != group:
+            raise pytest.UsageError(f"{item.nodeid} uses the {used} lab, but its file runs with the {group or 'no'} "
+                                    "lab's tests: list the file in tests/conftest.py's FLEET_FILES or LABLESS_FILES "
+                                    "as it needs")  # fmt: skip
+    items.sort(key=lambda item: (order[lab_group(item.path)], item.get_closest_marker("lab_teardown") is not None))
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pragma: no cover - pytest-xdist is a dev dependency; without it the tests run in one process
+    LoadScopeScheduling = None
+
+if LoadScopeScheduling is not None:
+
+    class LabScheduling(LoadScopeScheduling):
+        """pytest-xdist's scope scheduling with one scope per lab (its tests in collection order, on one worker) and
+        one per test of no lab; the scopes go out in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return lab_group(nodeid.split("::")[0]) or nodeid
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(config: pytest.Config, log):
+        config.option.loadscopereorder = False  # collection order: the one-node lab's group first, the fleet's last
+        return LabScheduling(config, log)
 
 
 def _stage_of(nodeid: str) -> str:

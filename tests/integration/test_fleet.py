@@ -113,9 +113,9 @@ def test_containers_reach_each_other_across_nodes_and_nothing_else(fleet):
         listener.kill()
     routes = node_pct("pve-lab2", "exec", "132", "--", "ip", "route").stdout
     assert "default" not in routes and routes.split()[0] == "10.203.0.0/24"
-    bridge = subprocess.run(["ip", "-br", "addr", "show", "dev", "eagle3test0"], capture_output=True, text=True,
+    bridge = subprocess.run(["ip", "-br", "addr", "show", "dev", "eagle3fleet0"], capture_output=True, text=True,
                             check=True).stdout.split()  # fmt: skip
-    assert bridge[:2] == ["eagle3test0", "UP"] and len(bridge) == 2  # no address on the host side
+    assert bridge[:2] == ["eagle3fleet0", "UP"] and len(bridge) == 2  # no address on the host side
 
 
 def test_fleet_cleanup_and_status_cover_both_nodes(fleet, job_marker):

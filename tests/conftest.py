@@ -43,6 +43,15 @@ LAB_API_PORT = 8106
 LAB_ROOT = Path("/var/lib/eagle3-lab-test")
 LAB_LXC_PATH = LAB_ROOT / "lxc"
 PCT = str(LAB_ROOT / "sbin" / "pct")
+# The fleet tests' own lab (tests/lab-fleet/group_vars/all/10-fleet-test-lab.yml): two nodes, hops on FLEET_PORT and
+# the next port, its own root, keys, pct and bridge; the molecule scenarios run on it too.
+FLEET_INVENTORY = ROOT / "tests" / "lab-fleet"
+FLEET_STATE = ROOT / ".lab-fleet-test"
+FLEET_ROOT = Path("/var/lib/eagle3-lab-fleettest")
+FLEET_LXC_PATH = FLEET_ROOT / "lxc"
+FLEET_PCT = str(FLEET_ROOT / "sbin" / "pct")
+FLEET_PORT = 10132
+FLEET_API_PORT = 8116
 
 
 # In-process imports of eagle3.ops (module_utils in module tests, plugins through the loaders) go through
@@ -197,6 +206,37 @@ def lab() -> Iterator[dict[str, object]]:
     yield {"recap": recap(proc.stdout), "output": proc.stdout}
 
 
+def close_ssh_masters(ports) -> None:
+    """Ansible's ControlPersist masters would keep a session to a stopped hop alive; a new run opens new ones. Only
+    those of PORTS: the other lab's tests use theirs at the same time (ansible names a master after a hash of host,
+    port and user)."""
+    import hashlib
+
+    cp = os.path.expanduser("~/.ansible/cp")
+    for port in ports:
+        name = hashlib.sha1(f"127.0.0.1-{port}-root".encode()).hexdigest()[:10]  # noqa: S324 -- ansible's own naming
+        if os.path.exists(os.path.join(cp, name)):
+            subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(cp, name)}", "-O", "exit", "x"],
+                           capture_output=True, timeout=10, check=False)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def fleet_lab() -> Iterator[dict[str, object]]:
+    """The fleet tests' own lab (tests/lab-fleet), up for the session of the worker that runs its tests, and taken
+    down when that session ends."""
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    env = ansible_env(ANSIBLE_INVENTORY=str(FLEET_INVENTORY))
+    started = time.monotonic()
+    proc = run_playbook("lab.yml", env=env, timeout=1500)
+    _BRINGUP_PENDING.append(time.monotonic() - started)
+    yield {"recap": recap(proc.stdout), "output": proc.stdout}
+    close_ssh_masters([FLEET_PORT, FLEET_PORT + 1])
+    down = run_playbook("lab.yml", "-e", "lab_state=absent", env=env, timeout=900, check=False)
+    assert down.returncode == 0 and not FLEET_ROOT.exists(), down.stdout[-4000:]
+
+
 def user_lab_snapshot() -> dict[str, object]:
     """What the tests must leave as they found it: the user's lab containers, pct, hop and shared storage."""
     snap: dict[str, object] = {"root": USER_LAB_ROOT.exists()}
@@ -235,10 +275,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 # The test command runs in two pytest-xdist workers (-n 2). Each lab's tests form one group that one worker runs in
-# order: every integration file is the one-node test lab's (tests/lab) but the fleet's own (tests/lab-fleet, marked
-# fleet_lab) and those that need no lab; unit tests need none either. The groups go by file (pytest-xdist's own
-# xdist_group marks do not reach its scheduler on pytest 9.2), and collection checks that each test's lab agrees.
-FLEET_FILES = {"test_fleet.py"}
+# order: every integration file is the one-node test lab's (tests/lab) but the fleet lab's (tests/lab-fleet: the
+# fleet's tests and the molecule scenarios, which run on any lab) and those that need no lab; unit tests need none
+# either. The groups go by file (pytest-xdist's own xdist_group marks do not reach its scheduler on pytest 9.2), and
+# collection checks that each test's lab agrees with its file's.
+FLEET_FILES = {"test_fleet.py", "test_molecule.py"}
 LABLESS_FILES = {"test_sglang_judge.py", "test_collection.py", "test_template.py"}
 
 
@@ -251,25 +292,31 @@ def lab_group(path: str | Path) -> str | None:
 
 
 def _lab_used(item: pytest.Item) -> str | None:
-    if item.get_closest_marker("fleet_lab"):
+    if "fleet_lab" in item.fixturenames:
         return "fleet"
     if "lab" in item.fixturenames or item.get_closest_marker("lab_teardown"):
         return "lab"
     return None
 
 
+def _order(item: pytest.Item) -> tuple[int, bool]:
+    """The one-node lab's tests first (its lab_teardown tests last of them); SGLang's judging, which the other worker
+    runs while the one-node lab comes up (the labs' builds take turns); the fleet lab's; then the rest, which either
+    worker takes once its lab's tests are done."""
+    group = lab_group(item.path)
+    rank = 0 if group == "lab" else 2 if group == "fleet" else 1 if item.path.name == "test_sglang_judge.py" else 3
+    return rank, item.get_closest_marker("lab_teardown") is not None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The one-node lab's tests first (its lab_teardown tests last of them), then those of no lab, then the fleet's:
-    with -n 2 one worker takes the one-node lab's group while the other runs the rest and then the fleet's."""
-    order = {"lab": 0, None: 1, "fleet": 2}
     for item in items:
         used, group = _lab_used(item), lab_group(item.path)
         if used and used != group:
             raise pytest.UsageError(f"{item.nodeid} uses the {used} lab, but its file runs with the {group or 'no'} "
                                     "lab's tests: list the file in tests/conftest.py's FLEET_FILES or LABLESS_FILES "
                                     "as it needs")  # fmt: skip
-    items.sort(key=lambda item: (order[lab_group(item.path)], item.get_closest_marker("lab_teardown") is not None))
+    items.sort(key=_order)
 
 
 try:
@@ -281,14 +328,15 @@ if LoadScopeScheduling is not None:
 
     class LabScheduling(LoadScopeScheduling):
         """pytest-xdist's scope scheduling with one scope per lab (its tests in collection order, on one worker) and
-        one per test of no lab; the scopes go out in collection order."""
+        one per test of no lab; the scopes go out in collection order, each to a worker with at most two tests to go
+        (so a worker busy with a lab's scope takes nothing else until it is nearly done)."""
 
         def _split_scope(self, nodeid: str) -> str:
             return lab_group(nodeid.split("::")[0]) or nodeid
 
     @pytest.hookimpl
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
-        config.option.loadscopereorder = False  # collection order: the one-node lab's group first, the fleet's last
+        config.option.loadscopereorder = False  # collection order (_order), not the largest scope first
         return LabScheduling(config, log)
 
 

@@ -7,7 +7,6 @@ this module and taken down after it, so its tests run beside the one-node lab's 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -20,16 +19,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _BRINGUP_PENDING, ROOT, ansible_env, lab_unavailable, recap, run_playbook
+from tests.conftest import (
+    FLEET_API_PORT,
+    FLEET_INVENTORY,
+    FLEET_PCT,
+    FLEET_PORT,
+    FLEET_ROOT,
+    FLEET_STATE,
+    ROOT,
+    ansible_env,
+    close_ssh_masters,
+    recap,
+    run_playbook,
+)
 
-pytestmark = [pytest.mark.lab, pytest.mark.fleet_lab]
-FLEET = ROOT / "tests" / "lab-fleet"
-# This lab's state, root, hop ports and API port (tests/lab-fleet/group_vars/all/10-fleet-test-lab.yml).
-LAB_STATE = ROOT / ".lab-fleet-test"
-LAB_ROOT = Path("/var/lib/eagle3-lab-fleettest")
-PCT = str(LAB_ROOT / "sbin" / "pct")
-LAB_PORT = 10132
-LAB_API_PORT = 8116
+pytestmark = pytest.mark.lab
+FLEET = FLEET_INVENTORY
+LAB_STATE, LAB_ROOT, PCT, LAB_PORT, LAB_API_PORT = FLEET_STATE, FLEET_ROOT, FLEET_PCT, FLEET_PORT, FLEET_API_PORT
 NODES = {"pve-lab": LAB_PORT, "pve-lab2": LAB_PORT + 1}
 CONTAINERS = {131: "pve-lab", 132: "pve-lab2", 133: "pve-lab", 134: "pve-lab2"}
 IPS = {131: "10.203.0.31", 132: "10.203.0.32", 133: "10.203.0.33", 134: "10.203.0.34"}
@@ -54,30 +60,9 @@ def hop_of(node: str, *remote: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
-def close_ssh_masters() -> None:
-    """Ansible's ControlPersist masters would keep a session to a stopped hop alive; a new run opens new ones. Only
-    this lab's: the one-node lab's tests use theirs at the same time (ansible names a master after a hash of host,
-    port and user)."""
-    cp = os.path.expanduser("~/.ansible/cp")
-    for port in NODES.values():
-        name = hashlib.sha1(f"127.0.0.1-{port}-root".encode()).hexdigest()[:10]  # noqa: S324 -- ansible's own naming
-        if os.path.exists(os.path.join(cp, name)):
-            subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(cp, name)}", "-O", "exit", "x"],
-                           capture_output=True, timeout=10, check=False)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def fleet():
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    started = time.monotonic()
-    proc = run_playbook("lab.yml", env=fleet_env(), timeout=1500)
-    _BRINGUP_PENDING.append(time.monotonic() - started)
-    yield recap(proc.stdout)
-    close_ssh_masters()
-    down = run_playbook("lab.yml", "-e", "lab_state=absent", env=fleet_env(), timeout=900, check=False)
-    assert down.returncode == 0 and not LAB_ROOT.exists(), down.stdout[-4000:]
+def fleet(fleet_lab):
+    return fleet_lab["recap"]
 
 
 def test_each_node_has_its_hop_and_its_pct(fleet):
@@ -151,7 +136,7 @@ def test_fleet_cleanup_and_status_cover_both_nodes(fleet, job_marker):
 def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
     hop_pid = LAB_ROOT / "sshd-pve-lab2" / "sshd.pid"
     os.kill(int(hop_pid.read_text().split()[0]), signal.SIGTERM)
-    close_ssh_masters()
+    close_ssh_masters(NODES.values())
     try:
         proc = run_playbook("cleanup.yml", env=fleet_env(), check=False)
         assert proc.returncode != 0
@@ -301,6 +286,15 @@ def test_hidden_states_shard_over_two_nodes_then_one_job_trains_over_both_and_re
     assert all(abs(two_nodes[s] - one_node[s]) <= 0.01 for s in one_node), (two_nodes, one_node)
 
 
+def restart_container(node: str, vmid: int) -> None:
+    """Start a container that was killed, and wait until its systemd answers on its bus (lxc-start returns first)."""
+    node_pct(node, "start", str(vmid), check=False)
+    back = time.monotonic() + 120
+    while time.monotonic() < back and node_pct(node, "exec", str(vmid), "--", "systemctl", "is-system-running",
+                                               "--wait", check=False).stdout.strip() not in ("running", "degraded"):
+        time.sleep(1)
+
+
 def unit_state(host: str, unit: str) -> dict[str, str]:
     out = trainer(host, "systemctl", "show", "-p", "ActiveState", "-p", "Result", "-p", "ExecMainStatus", unit).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -338,16 +332,28 @@ def test_a_follower_whose_leader_node_dies_stops_within_the_leader_timeout(fleet
     finally:
         # ct132 first: a failed unit stays loaded with its definition, which the next test's job must not inherit.
         trainer("ct132", "systemctl", "reset-failed", "eagle3-train", check=False)
-        node_pct("pve-lab", "start", "131")
-        back = time.monotonic() + 120  # lxc-start returns before the container's systemd answers on its bus
-        while time.monotonic() < back and trainer("ct131", "systemctl", "is-system-running", "--wait",
-                                                  check=False).stdout.strip() not in ("running", "degraded"):
-            time.sleep(1)
+        restart_container("pve-lab", 131)
         # its unit file came back with the container, not started (nothing enables it); stopped in case
         trainer("ct131", "systemctl", "stop", "eagle3-train", check=False)
 
 
-def test_a_rerun_after_a_shard_host_died_extracts_only_its_missing_rows(fleet_run):
+def row_files(store: Path, rows: list[int] | range | None = None) -> dict[str, tuple[int, int]]:
+    """The store's row files (all, or those of ROWS) by name: inode and mtime, to tell which a run rewrote."""
+    paths = store.glob("hs_*.safetensors") if rows is None else (store / f"hs_{r}.safetensors" for r in rows)
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in paths if p.exists()}
+
+
+def loads(path: Path) -> bool:
+    from safetensors.numpy import load_file
+
+    try:
+        load_file(str(path))
+    except Exception:  # cut short by the kill, in whatever way the reader notices
+        return False
+    return True
+
+
+def test_a_shard_host_killed_mid_extraction_is_named_and_a_rerun_extracts_only_its_missing_rows(fleet_run):
     from eagle3_ops.payloads.training.hs_store import shard_rows
 
     store = fleet_run / "data" / "hidden_states"
@@ -355,22 +361,45 @@ def test_a_rerun_after_a_shard_host_died_extracts_only_its_missing_rows(fleet_ru
         pytest.skip("needs the sharded store of the test before")
     total = len(list(store.glob("hs_*.safetensors")))
     mine = list(shard_rows(total, 2, 1))
-    # What a shard host that died mid-way leaves: some rows never written, one cut short, no shard marker.
-    gone, cut = mine[-4:-1], mine[-1]
-    for row in gone:
+    for row in mine:  # shard 1 to extract again, from nothing
         (store / f"hs_{row}.safetensors").unlink()
-    with open(store / f"hs_{cut}.safetensors", "r+b") as fh:
-        fh.truncate(100)
     (store / "SHARD-1-of-2.json").unlink()
     (store / "COMPLETE.json").unlink()
-    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in store.glob("hs_*.safetensors")}
     first_logs = fleet_run / "data" / "logs" / "ct131"
     untouched = {p.name: p.stat().st_mtime_ns for p in first_logs.iterdir()}
-    proc = run_playbook("train.yml", *TRAIN, "--tags", "data", env=fleet_env(), timeout=1800, check=False)
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in store.glob("hs_*.safetensors")}
-    redone = {name for name in after if before.get(name) != after[name]}
-    assert redone == {f"hs_{row}.safetensors" for row in [*gone, cut]}, sorted(redone)
+    shard0 = row_files(store, shard_rows(total, 2, 0))
+    # 1. The data stage; ct132's container is killed (no clean shutdown, as when its node loses power) once it has
+    # written some of its rows. One request at a time, so that the kill lands mid-way.
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "train.yml", *TRAIN, "--tags", "data", "-e",
+            "eagle3_data_extract_concurrency=1"]  # fmt: skip
+    run = subprocess.Popen(argv, cwd=ROOT, env=fleet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, written = time.monotonic() + 900, []
+        while time.monotonic() < deadline and run.poll() is None and not written:
+            written = [r for r in mine if (store / f"hs_{r}.safetensors").exists()]
+            time.sleep(0.2)
+        assert written and len(written) < len(mine), f"ct132 wrote {len(written)} of its {len(mine)} rows"
+        node_pct("pve-lab2", "stop", "132")
+        out = run.communicate(timeout=900)[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+        restart_container("pve-lab2", 132)
+    assert run.returncode != 0
+    result = recap(out)
+    assert result["ct132"]["failed"] + result["ct132"]["unreachable"] >= 1, out[-4000:]
+    assert result["ct131"]["failed"] == 0, out[-4000:]
+    assert not (store / "COMPLETE.json").exists() and not (store / "SHARD-1-of-2.json").exists()
+    left = row_files(store, mine)
+    assert 0 < len(left) < len(mine), f"{len(left)} of ct132's {len(mine)} rows were left"
+    whole = {name for name in left if loads(store / name)}
+    # 2. ct132 back: the rerun extracts exactly the rows the dead host had not finished, nothing of shard 0.
+    again = run_playbook("train.yml", *TRAIN, "--tags", "data", env=fleet_env(), timeout=1800, check=False)
+    assert again.returncode == 0, again.stdout[-5000:]
+    after = row_files(store, mine)
+    redone = {name for name in after if left.get(name) != after[name]}
+    assert redone == {f"hs_{row}.safetensors" for row in mine} - whole, sorted(redone)
+    assert row_files(store, shard_rows(total, 2, 0)) == shard0
     assert (store / "SHARD-1-of-2.json").exists() and (store / "COMPLETE.json").exists()
     # Shard 0 was complete: ct131 started no server and extracted nothing (its logs are as they were).
     assert {p.name: p.stat().st_mtime_ns for p in first_logs.iterdir()} == untouched

@@ -2,8 +2,9 @@
 pct, one cluster API over both, the shared storage in every container, and the lab's bridge between containers -
 then the fleet-wide runs across both nodes, including a node that cannot be reached.
 
-The fleet is a lab of its own (root, ports, keys, pct and bridge apart from the one-node test lab's), brought up by
-this module and taken down after it, so its tests run beside the one-node lab's in the other pytest-xdist worker."""
+The fleet is a lab of its own (root, ports, keys, pct and bridge apart from the one-node test lab's): conftest's
+fleet_lab brings it up and takes it down when the session of the worker that runs these tests ends, so they run
+beside the one-node lab's tests in the other pytest-xdist worker."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.conftest import NVEMU
+from tests.unit.conftest import NVEMU, processes_with_env
 from tests.unit.plugins.modules.test_gpu_cleanup import alive, cleanup, used, workload
 
 
@@ -76,8 +76,11 @@ def _job(mib: int = 8000, restarts: int = 3, gpus_arg: str = "0") -> str:
 
 
 def _pids_of(pattern: str) -> list[int]:
+    """This test's processes whose command line has PATTERN: the other xdist worker may run the same trial at once,
+    so a machine-wide pgrep would see its processes too (they share the tag, not the test's NVEMU_CTX_DIR)."""
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False).stdout
-    return [int(x) for x in out.split()]
+    ours = set(processes_with_env("NVEMU_CTX_DIR", os.environ["NVEMU_CTX_DIR"]))
+    return [int(x) for x in out.split() if int(x) in ours]
 
 
 @pytest.fixture

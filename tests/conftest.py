@@ -146,6 +146,14 @@ def pct(*args: str, check: bool = True, timeout: int = 120) -> subprocess.Comple
     return proc
 
 
+def payload(vmid: int, *argv: str, env: tuple[str, ...] = (), timeout: int = 900) -> str:
+    """A payload run by hand in a lab container (``pct exec`` clears the environment): the project's venv and payloads,
+    and the environment the lab gives its services (lab_host_container_environment: one OpenMP thread per process)."""
+    return pct("exec", str(vmid), "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", "OMP_NUM_THREADS=1",
+               "VLLM_CPU_OMP_THREADS_BIND=nobind", *env, "/opt/eagle3-ops/venv/bin/python", *argv,
+               timeout=timeout).stdout  # fmt: skip
+
+
 def smi(vmid: int, query: str = "index,memory.used") -> list[list[str]]:
     out = pct("exec", str(vmid), "--", "nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits").stdout
     return [line.split(", ") for line in out.splitlines()]

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, ansible_env, pct, recap, run_playbook
+from tests.conftest import ROOT, ansible_env, payload, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 UNIT = "/etc/systemd/system/sglang.service"
 DRAFT = "/srv/eagle3/drafts/tiny-llama-eagle3"
 CHECKPOINT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"
 SERVE = Path(__file__).parent / "playbooks" / "serve.yml"
+REFERENCE_ENV = ("EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23",)  # the reference engine plays that release's loader
 
 
 def flat(text: str) -> str:
@@ -175,10 +176,8 @@ def test_sglang_refuses_a_draft_its_loader_would_load_incompletely(deployed):
 
 def test_the_reference_engine_is_lossless(deployed):
     pct("push", "130", str(ROOT / "tests" / "data" / "lossless_check.py"), "/opt/eagle3-ops/lossless_check.py")
-    out = pct("exec", "130", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads",
-              "EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23", "/opt/eagle3-ops/venv/bin/python",
-              "/opt/eagle3-ops/lossless_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
-              "/srv/eagle3/prompts/lab-prompts.jsonl", "5", "64", timeout=900).stdout  # fmt: skip
+    out = payload(130, "/opt/eagle3-ops/lossless_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
+                  "/srv/eagle3/prompts/lab-prompts.jsonl", "5", "64", env=REFERENCE_ENV)  # fmt: skip
     report = json.loads(out.strip().splitlines()[-1])
     assert report["prompts"] == 160 and report["mismatches"] == []
     assert report["identical"] + len(report["ties"]) == 160 and report["accept_length"] > 1.5
@@ -188,11 +187,9 @@ def test_the_served_draft_sees_the_layers_it_was_trained_on(deployed):
     # Trained on vLLM's ids [1, 3, 4] (inputs of layers 1, 3, 4), exported as SGLang's [0, 2, 3]; the reference
     # engine captures as SGLang does. Written unchanged, the ids would make SGLang capture one layer deeper.
     pct("push", "130", str(ROOT / "tests" / "data" / "aux_ids_check.py"), "/opt/eagle3-ops/aux_ids_check.py")
-    out = pct("exec", "130", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads",
-              "EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23", "/opt/eagle3-ops/venv/bin/python",
-              "/opt/eagle3-ops/aux_ids_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
-              "/srv/eagle3/runs/tiny-llama/data/dataset", "/srv/eagle3/runs/tiny-llama/data/hidden_states",
-              "/srv/eagle3/prompts/lab-prompts.jsonl", "8", "20", timeout=900).stdout  # fmt: skip
+    out = payload(130, "/opt/eagle3-ops/aux_ids_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
+                  "/srv/eagle3/runs/tiny-llama/data/dataset", "/srv/eagle3/runs/tiny-llama/data/hidden_states",
+                  "/srv/eagle3/prompts/lab-prompts.jsonl", "8", "20", env=REFERENCE_ENV)  # fmt: skip
     report = json.loads(out.strip().splitlines()[-1])
     assert report["trained_ids"] == [1, 3, 4] and report["sglang_ids"] == [0, 2, 3]
     assert report["feature_max_rel_diff"] < 1e-2 < 0.1 < report["off_by_one_feature_max_rel_diff"], report

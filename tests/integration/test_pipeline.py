@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import LAB_STATE, ROOT, ansible_env, pct, recap, run_playbook
+from tests.conftest import LAB_STATE, ROOT, ansible_env, payload, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 RUN = "/srv/eagle3/runs/tiny-llama"
@@ -84,9 +84,9 @@ print(json.dumps({"rows": n, "max_rel_diff": same, "neighbour_min_rel_diff": oth
 def test_vllm_and_the_transformers_extractor_write_the_same_layers(trained):
     # The transformers path (for targets vLLM cannot serve) on the same rows, into a scratch store.
     out = "/srv/eagle3/runs/tiny-llama/data/hidden_states-transformers"
-    pct("exec", "129", "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", "/opt/eagle3-ops/venv/bin/python", "-m",
-        "training.hidden_states", "--target", "/srv/eagle3/models/tiny-llama", "--data", f"{RUN}/data/dataset", "--out",
-        out, "--dtype", "float32", "--max-samples", "48", "--layers", "1", "3", "4", timeout=600)  # fmt: skip
+    payload(129, "-m", "training.hidden_states", "--target", "/srv/eagle3/models/tiny-llama", "--data",
+            f"{RUN}/data/dataset", "--out", out, "--dtype", "float32", "--max-samples", "48", "--layers", "1", "3", "4",
+            timeout=600)  # fmt: skip
     try:
         got = json.loads(pct("exec", "129", "--", "/opt/eagle3-ops/venv/bin/python", "-c", COMPARE,
                              f"{RUN}/data/hidden_states", out, "48", timeout=300).stdout)  # fmt: skip

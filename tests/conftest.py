@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.modules import init_collection_loader
 
@@ -146,12 +147,17 @@ def pct(*args: str, check: bool = True, timeout: int = 120) -> subprocess.Comple
     return proc
 
 
+def lab_service_env() -> list[str]:
+    """The environment the lab gives every container's services (lab_host_container_environment's default)."""
+    defaults = yaml.safe_load((ROOT / "roles" / "lab_host" / "defaults" / "main.yml").read_text())
+    return [f"{key}={value}" for key, value in (defaults.get("lab_host_container_environment") or {}).items()]
+
+
 def payload(vmid: int, *argv: str, env: tuple[str, ...] = (), timeout: int = 900) -> str:
     """A payload run by hand in a lab container (``pct exec`` clears the environment): the project's venv and payloads,
-    and the environment the lab gives its services (lab_host_container_environment: one OpenMP thread per process)."""
-    return pct("exec", str(vmid), "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", "OMP_NUM_THREADS=1",
-               "VLLM_CPU_OMP_THREADS_BIND=nobind", *env, "/opt/eagle3-ops/venv/bin/python", *argv,
-               timeout=timeout).stdout  # fmt: skip
+    and the environment the lab gives its services (one OpenMP thread per process)."""
+    return pct("exec", str(vmid), "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", *lab_service_env(), *env,
+               "/opt/eagle3-ops/venv/bin/python", *argv, timeout=timeout).stdout  # fmt: skip
 
 
 def smi(vmid: int, query: str = "index,memory.used") -> list[list[str]]:

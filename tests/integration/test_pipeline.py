@@ -88,8 +88,7 @@ def test_vllm_and_the_transformers_extractor_write_the_same_layers(trained):
             f"{RUN}/data/dataset", "--out", out, "--dtype", "float32", "--max-samples", "48", "--layers", "1", "3", "4",
             timeout=600)  # fmt: skip
     try:
-        got = json.loads(pct("exec", "129", "--", "/opt/eagle3-ops/venv/bin/python", "-c", COMPARE,
-                             f"{RUN}/data/hidden_states", out, "48", timeout=300).stdout)  # fmt: skip
+        got = json.loads(payload(129, "-c", COMPARE, f"{RUN}/data/hidden_states", out, "48", timeout=300))
     finally:
         pct("exec", "129", "--", "rm", "-rf", out)
     # same ids -> same layers: equal within the precision of vLLM's CPU kernels; a layer apart, clearly not

@@ -93,10 +93,16 @@ def run_playbook(
 ) -> subprocess.CompletedProcess[str]:
     """ansible-playbook from the repository root, as a user runs it; JSON-lines-free plain output."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), str(playbook), *args]
+    started = time.monotonic()
     with lab_build_lock() if Path(playbook).name == "lab.yml" else contextlib.nullcontext():
         proc = subprocess.run(
             cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout, check=False
         )
+    keep = os.environ.get("EAGLE3_TEST_PLAYBOOK_LOG")  # a file: every playbook's command, time and output
+    if keep:
+        with open(keep, "a", encoding="utf-8") as log:
+            log.write(f"\n=== {os.environ.get('PYTEST_CURRENT_TEST', '')}\n=== {' '.join(cmd)}\n"
+                      f"=== rc {proc.returncode} in {time.monotonic() - started:.1f} s\n{proc.stdout}")  # fmt: skip
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"

@@ -9,6 +9,10 @@ every prompt. The briefly trained one answers each prompt confidently and differ
 
 The directory is written under a temporary name and renamed into place when complete, with the build
 arguments in ``eagle3_lab_target.json``; a rerun with the same arguments leaves it alone (exit 0, "unchanged").
+Builders of one directory are serialised by a lock beside it (``.NAME.lock``): on a fleet every trainer runs this
+against the one shared storage, and the second one waits for the first and then finds its build "unchanged" (two
+builds at once would each train the model and then replace each other's directory). A rebuild moves the old
+directory aside, renames the new one in and only then removes the old one.
 
 Usage: python3 -m lab_target.tiny_target --corpus prompts.jsonl --out /srv/eagle3/models/tiny-llama
 """
@@ -16,6 +20,7 @@ Usage: python3 -m lab_target.tiny_target --corpus prompts.jsonl --out /srv/eagle
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -130,34 +135,63 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     wanted = {k: v for k, v in vars(args).items() if k != "out"}
     wanted["corpus"] = os.path.basename(args.corpus)
-    marker = os.path.join(args.out, MARKER)
-    if os.path.exists(marker):
-        with open(marker, encoding="utf-8") as fh:
-            if json.load(fh) == wanted:
-                print("unchanged")
-                return 0
-    parent = os.path.dirname(os.path.abspath(args.out))
+    out = os.path.abspath(args.out)
+    parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tiny-target-", dir=parent)
-    try:
-        pairs = read_corpus(args.corpus)
-        build_tokenizer([t for pair in pairs for t in pair], args.vocab_size, tmp)
-        from transformers import AutoTokenizer
+    with open(os.path.join(parent, f".{os.path.basename(out)}.lock"), "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if built_with(out) == wanted:
+            print("unchanged")
+            return 0
+        return build(args, out, wanted)
 
-        tok = AutoTokenizer.from_pretrained(tmp)
-        vocab = len(tok)
-        final_loss = build_model(tmp, tok, pairs, args)
+
+def built_with(out: str) -> dict[str, Any] | None:
+    """The build arguments of the complete target at OUT, or None."""
+    try:
+        with open(os.path.join(out, MARKER), encoding="utf-8") as fh:
+            found: dict[str, Any] = json.load(fh)
+            return found
+    except (OSError, ValueError):
+        return None
+
+
+def make_target(tmp: str, args: argparse.Namespace) -> tuple[int, float]:
+    """Tokenizer and trained weights into TMP: the vocabulary size and the final training loss."""
+    pairs = read_corpus(args.corpus)
+    build_tokenizer([t for pair in pairs for t in pair], args.vocab_size, tmp)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp)
+    return len(tok), build_model(tmp, tok, pairs, args)
+
+
+def build(args: argparse.Namespace, out: str, wanted: dict[str, Any]) -> int:
+    tmp = tempfile.mkdtemp(prefix=".tiny-target-", dir=os.path.dirname(out))
+    try:
+        vocab, final_loss = make_target(tmp, args)
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as fh:
             json.dump(wanted, fh, indent=1)
         os.chmod(tmp, 0o755)  # noqa: S103 -- a model directory others read (mkdtemp makes it 0700)
-        if os.path.exists(args.out):
-            shutil.rmtree(args.out)
-        os.rename(tmp, args.out)
+        old = None
+        if os.path.exists(out):
+            old = tempfile.mkdtemp(prefix=".tiny-target-old-", dir=os.path.dirname(out))
+            os.rename(out, os.path.join(old, "target"))
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            if old:  # the previous target goes back where it was
+                os.rename(os.path.join(old, "target"), out)
+                os.rmdir(old)
+            raise
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(f"built {args.out} (vocab {vocab}, {args.layers} layers, hidden {args.hidden}, "
-          f"final training loss {final_loss:.3f})")
+    print(
+        f"built {out} (vocab {vocab}, {args.layers} layers, hidden {args.hidden}, final training loss {final_loss:.3f})"
+    )
     return 0
 
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.modules import init_collection_loader
 
@@ -153,16 +152,10 @@ def pct(*args: str, check: bool = True, timeout: int = 120) -> subprocess.Comple
     return proc
 
 
-def lab_service_env() -> list[str]:
-    """The environment the lab gives every container's services (lab_host_container_environment's default)."""
-    defaults = yaml.safe_load((ROOT / "roles" / "lab_host" / "defaults" / "main.yml").read_text())
-    return [f"{key}={value}" for key, value in (defaults.get("lab_host_container_environment") or {}).items()]
-
-
 def payload(vmid: int, *argv: str, env: tuple[str, ...] = (), timeout: int = 900) -> str:
-    """A payload run by hand in a lab container (``pct exec`` clears the environment): the project's venv and payloads,
-    and the environment the lab gives its services (one OpenMP thread per process)."""
-    return pct("exec", str(vmid), "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", *lab_service_env(), *env,
+    """A payload run by hand in a lab container: the project's venv and payloads (``pct exec`` brings only the
+    container's own environment: the lab's lxc.environment lines, one OpenMP thread per process)."""
+    return pct("exec", str(vmid), "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", *env,
                "/opt/eagle3-ops/venv/bin/python", *argv, timeout=timeout).stdout  # fmt: skip
 
 

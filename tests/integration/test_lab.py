@@ -74,6 +74,15 @@ def test_exec_keep_env_controls_the_environment(lab):
     assert "container=lxc" in clean
 
 
+def test_commands_and_services_in_a_container_get_the_labs_environment(lab):
+    # lab_host_container_environment's default: one OpenMP thread per process, whoever starts it - a command run
+    # through pct exec (Ansible's tasks, lxc.environment) or a unit of the container's systemd (its DefaultEnvironment).
+    clean = pct("exec", "129", "--keep-env", "0", "--", "env").stdout.splitlines()
+    assert "OMP_NUM_THREADS=1" in clean and "VLLM_CPU_OMP_THREADS_BIND=nobind" in clean
+    units = pct("exec", "129", "--", "systemctl", "show-environment").stdout.splitlines()  # what every unit starts with
+    assert "OMP_NUM_THREADS=1" in units and "VLLM_CPU_OMP_THREADS_BIND=nobind" in units
+
+
 def test_exec_returns_the_command_exit_code(lab):
     assert hop(PCT, "exec", "129", "--", "sh", "-c", "'exit 7'").returncode == 7
 

@@ -35,7 +35,7 @@ import secrets
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -969,6 +969,30 @@ def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary (see _replace_atomic)."""
     data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     _replace_atomic(path, lambda fd: write_all(fd, data, 0))
+
+
+def write_lines_atomic(path: str, lines: Iterable[str]) -> int:
+    """Write text ``lines`` (each with its own newline), as they come, to ``path`` through a temporary of its own
+    (see _replace_atomic): an error raised while they are produced leaves ``path`` as it was, and writers of one
+    shared file on several hosts each rename a complete file over it. Returns the bytes written."""
+    written = 0
+
+    def fill(fd: int) -> None:
+        nonlocal written
+        chunk: list[bytes] = []
+        size = 0
+        for line in lines:
+            data = line.encode("utf-8")
+            chunk.append(data)
+            size += len(data)
+            if size >= 1 << 20:
+                write_all(fd, b"".join(chunk), written)
+                written, chunk, size = written + size, [], 0
+        write_all(fd, b"".join(chunk), written)
+        written += size
+
+    _replace_atomic(path, fill)
+    return written
 
 
 def copy_file_atomic(src: str, dest: str) -> None:

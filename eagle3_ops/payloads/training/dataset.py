@@ -2,8 +2,8 @@
 
 Each output row is ``{"id", "input_ids", "loss_mask"}``: the prompt rendered with the target's chat template
 (with the generation prompt) has mask 0, the target's reply and its end token have mask 1, so the drafter
-learns only where the target itself generated. Rows are written to a temporary file and renamed into place;
-the output is rebuilt only when the input is newer. Replies that came back empty are dropped and counted.
+learns only where the target itself generated. Rows are written to a temporary file of their own and renamed
+into place; the output is rebuilt only when the input is newer. Replies that came back empty are dropped and counted.
 
 Usage: python3 -m training.dataset --target DIR --responses responses.jsonl --out rows.jsonl [--max-len 4096]
 """
@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
 
 try:  # shipped beside this file (roles copy the codec along)
     from . import _safetensors as st
@@ -36,33 +37,36 @@ def main(argv: list[str] | None = None) -> int:
 
     tok = AutoTokenizer.from_pretrained(args.target)
     kept = empty = tokens = 0
-    tmp = args.out + ".tmp"
-    with open(args.responses, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
-        for n, line in enumerate(src, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            messages = row["messages"]
-            if not messages or messages[-1].get("role") != "assistant":
-                raise SystemExit(f"{args.responses}:{n} does not end with the assistant's reply: rerun regeneration")
-            reply = messages[-1]["content"]
-            if not reply:
-                empty += 1
-                continue
-            prompt = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
-            prompt_ids = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-            reply_ids = [*tok.encode(reply, add_special_tokens=False), tok.eos_token_id]
-            ids = (prompt_ids + reply_ids)[: args.max_len]
-            mask = ([0] * len(prompt_ids) + [1] * len(reply_ids))[: args.max_len]
-            if sum(mask) == 0:
-                empty += 1
-                continue
-            dst.write(json.dumps({"id": row["id"], "input_ids": ids, "loss_mask": mask}) + "\n")
-            kept += 1
-            tokens += len(ids)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, args.out)
+
+    def rows() -> Iterator[str]:
+        nonlocal kept, empty, tokens
+        with open(args.responses, encoding="utf-8") as src:
+            for n, line in enumerate(src, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                messages = row["messages"]
+                if not messages or messages[-1].get("role") != "assistant":
+                    raise SystemExit(
+                        f"{args.responses}:{n} does not end with the assistant's reply: rerun regeneration"
+                    )
+                reply = messages[-1]["content"]
+                if not reply:
+                    empty += 1
+                    continue
+                prompt = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
+                prompt_ids = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+                reply_ids = [*tok.encode(reply, add_special_tokens=False), tok.eos_token_id]
+                ids = (prompt_ids + reply_ids)[: args.max_len]
+                mask = ([0] * len(prompt_ids) + [1] * len(reply_ids))[: args.max_len]
+                if sum(mask) == 0:
+                    empty += 1
+                    continue
+                yield json.dumps({"id": row["id"], "input_ids": ids, "loss_mask": mask}) + "\n"
+                kept += 1
+                tokens += len(ids)
+
+    st.write_lines_atomic(args.out, rows())
     st.write_json_atomic(args.out + ".summary.json", {"rows": kept, "tokens": tokens, "empty": empty})
     print(f"{kept} rows ({tokens} tokens) written to {args.out}, {empty} empty replies dropped")
     return 0 if kept else 1

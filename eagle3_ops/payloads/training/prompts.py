@@ -4,7 +4,7 @@ Each output row is ``{"id", "messages"}`` with the conversation up to and includ
 system turn is kept): the target writes the reply itself. Recognised shapes: ``messages`` /
 ``conversations`` lists (OpenAI ``role``/``content`` or ShareGPT ``from``/``value``), or a single text field
 ``prompt`` / ``instruction`` / ``question``. Ids come from an ``id`` field or the row number; they must be
-unique, because the regeneration resumes by id. The file is written under a temporary name and renamed.
+unique, because the regeneration resumes by id. The file is written under a temporary name of its own and renamed.
 
 Usage: python3 -m training.prompts --source NAME_OR_PATH --out prompts.jsonl [--split train] [--limit N]
 """
@@ -17,6 +17,11 @@ import os
 import sys
 from collections.abc import Iterable
 from typing import Any
+
+try:  # shipped beside this file (roles copy the codec along)
+    from . import _safetensors as st
+except ImportError:  # pragma: no cover - run as a loose script
+    import _safetensors as st  # type: ignore[no-redef]
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
@@ -68,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     seen: set[str] = set()
     kept = skipped = 0
-    tmp = args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as out:
+
+    def lines() -> Iterable[str]:
+        nonlocal kept, skipped
         for n, row in enumerate(rows_from(args.source, args.split)):
             messages = to_messages(row)
             if not messages:
@@ -79,14 +85,16 @@ def main(argv: list[str] | None = None) -> int:
             if row_id in seen:
                 raise SystemExit(f"{args.source} repeats id {row_id!r}: ids must be unique for resume to work")
             seen.add(row_id)
-            out.write(json.dumps({"id": row_id, "messages": messages}, ensure_ascii=False) + "\n")
+            yield json.dumps({"id": row_id, "messages": messages}, ensure_ascii=False) + "\n"
             kept += 1
             if args.limit and kept >= args.limit:
                 break
-    if not kept:
-        os.unlink(tmp)
-        raise SystemExit(f"{args.source} has no usable prompts (fields messages/conversations/prompt/instruction)")
-    os.replace(tmp, args.out)
+        if not kept:
+            raise SystemExit(f"{args.source} has no usable prompts (fields messages/conversations/prompt/instruction)")
+
+    # Every shard host of a fleet normalises the prompts into the one shared data directory: each writes a
+    # temporary of its own and renames it, so the file is always one host's complete output.
+    st.write_lines_atomic(args.out, lines())
     print(json.dumps({"prompts": kept, "skipped": skipped, "out": args.out}))
     return 0
 

@@ -1,0 +1,65 @@
+"""An inventory that names one container twice is refused by every fleet playbook before anything reaches a host."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ansible_collections.eagle3.ops.plugins.filter.fleet import vmid_conflicts
+
+from tests.modules import ROOT
+
+SENTENCE = ("t1, s1 all name VMID 150 (on nodes pve1, pve2): a VMID is one container in a Proxmox cluster, so give "
+            "each host its own container's pct_vmid (and the node that container is on).")  # fmt: skip
+
+
+def test_one_sentence_per_vmid_named_twice():
+    hostvars = {
+        "t1": {"pct_vmid": 150, "pct_node": "pve1"},
+        "t2": {"pct_vmid": 151, "pct_node": "pve1"},
+        "s1": {"proxmox_vmid": "150", "proxmox_node": "pve2"},  # community.proxmox's names count too
+        "lab-host": {"ansible_connection": "local"},  # not a container
+        "a": {"ansible_pct_vmid": 160, "ansible_host": "10.0.0.1"},
+        "b": {"pct_vmid": 160, "ansible_host": "10.0.0.1"},  # one container under two names, one node
+    }
+    assert vmid_conflicts(hostvars, hostvars) == [
+        SENTENCE,
+        "a, b all name VMID 160 (on node 10.0.0.1:22): a VMID is one container in a Proxmox cluster, so give each "
+        "host its own container's pct_vmid (and the node that container is on).",
+    ]
+    assert vmid_conflicts(["t1", "t2", "lab-host"], hostvars) == []
+
+
+INVENTORY = """
+all:
+  children:
+    containers:
+      vars: {ansible_connection: eagle3.ops.pct, ansible_host: 127.0.0.1, ansible_port: 1}
+      children:
+        trainers:
+          hosts:
+            t1: {pct_vmid: 150, pct_node: pve1}
+            t2: {pct_vmid: 151, pct_node: pve1}
+        servers:
+          hosts:
+            s1: {pct_vmid: 150, pct_node: pve2}
+            s2: {pct_vmid: 152, pct_node: pve2}
+"""
+
+
+@pytest.mark.parametrize("playbook", ["status.yml", "cleanup.yml", "train.yml", "deploy.yml", "bench.yml"])
+def test_every_fleet_playbook_refuses_it_before_reaching_a_host(tmp_path: Path, playbook: str):
+    # The hosts' hop (port 1) answers nothing: a task that tried to reach one would report it unreachable. The run is
+    # limited to hosts whose VMIDs are their own: the inventory is wrong all the same.
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(INVENTORY)
+    env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "HOME": str(tmp_path)}  # fmt: skip
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), playbook, "-l", "t2,s2"]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert SENTENCE in out, out[-3000:]
+    assert "unreachable=1" not in out and "UNREACHABLE" not in out

@@ -22,23 +22,25 @@ def vmid_conflicts(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> list[st
     twice (two runs of one task on it at once: two cleanups, two writers of its unit) or, on two nodes, a host whose
     container is not where the inventory says.
     """
-    by_vmid: dict[str, list[tuple[str, str]]] = {}
+    by_vmid: dict[str, list[tuple[str, str | None]]] = {}
     for host in hosts:
         found = hostvars[host]
         vmid = _first(found, VMID_VARS)
         if vmid is None:
             continue
-        node = _first(found, NODE_VARS) or f"{found.get('ansible_host', host)}:{found.get('ansible_port', 22)}"
-        by_vmid.setdefault(str(vmid).strip(), []).append((host, str(node)))
+        node = _first(found, NODE_VARS)
+        if node is None and found.get("ansible_host"):  # the hypervisor it is reached through
+            node = f"{found['ansible_host']}:{found.get('ansible_port') or 22}"
+        by_vmid.setdefault(str(vmid).strip(), []).append((host, None if node is None else str(node)))
     sentences = []
     for vmid, named in by_vmid.items():
         if len(named) < 2:
             continue
         names = ", ".join(host for host, _ in named)
-        nodes = sorted({node for _, node in named})
-        where = f"on node {nodes[0]}" if len(nodes) == 1 else f"on nodes {', '.join(nodes)}"
+        nodes = sorted({node for _, node in named if node is not None})
+        where = "" if not nodes else f" (on node {nodes[0]})" if len(nodes) == 1 else f" (on nodes {', '.join(nodes)})"
         sentences.append(
-            f"{names} all name VMID {vmid} ({where}): a VMID is one container in a Proxmox cluster, so give each host "
+            f"{names} all name VMID {vmid}{where}: a VMID is one container in a Proxmox cluster, so give each host "
             "its own container's pct_vmid (and the node that container is on)."
         )
     return sentences

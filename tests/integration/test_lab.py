@@ -272,7 +272,7 @@ def test_lab_rejects_duplicate_vmids(lab, tmp_path):
     )
     proc = run_playbook("lab.yml", "-i", str(inv), "-e", "eagle3_lab_state_dir=/tmp/unused", check=False)
     assert proc.returncode != 0
-    assert "Two lab containers use the same VMID" in proc.stdout
+    assert "a, b all name VMID 150: a VMID is one container in a Proxmox cluster" in " ".join(proc.stdout.split())
 
 
 def test_lab_up_without_root_is_refused(lab, tmp_path):

@@ -30,6 +30,11 @@ def test_one_sentence_per_vmid_named_twice():
         "host its own container's pct_vmid (and the node that container is on).",
     ]
     assert vmid_conflicts(["t1", "t2", "lab-host"], hostvars) == []
+    nowhere = {"c": {"pct_vmid": 170}, "d": {"pct_vmid": 170}}  # a lab inventory's containers: no node named
+    assert vmid_conflicts(nowhere, nowhere) == [
+        "c, d all name VMID 170: a VMID is one container in a Proxmox cluster, so give each host its own container's "
+        "pct_vmid (and the node that container is on)."
+    ]
 
 
 INVENTORY = """

@@ -82,3 +82,30 @@ def test_every_fleet_playbook_refuses_it_before_reaching_a_host(tmp_path: Path, 
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " ".join(said) in out, out[-3000:]
     assert "unreachable=1" not in out and "UNREACHABLE" not in out
+
+
+def test_provisioning_refuses_one_vmid_declared_on_two_nodes(tmp_path: Path):
+    # proxmox_ct's own preflight (the role is also used without provision.yml), before any call to the API.
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("""
+all:
+  vars: {proxmox_api_host: 127.0.0.1, proxmox_api_port: 1, proxmox_api_user: root@pam, proxmox_api_token_id: x,
+         proxmox_api_token_secret: y, proxmox_ct_template: "local:vztmpl/x.tar"}
+  children:
+    hypervisors:
+      hosts:
+        pve1: {ansible_host: 127.0.0.1, ansible_port: 1, proxmox_node: pve1}
+        pve2: {ansible_host: 127.0.0.1, ansible_port: 1, proxmox_node: pve2}
+    containers:
+      hosts:
+        a: {pct_vmid: 180, pct_node: pve1, proxmox_ct_gpus: [0]}
+        b: {pct_vmid: 180, pct_node: pve2, proxmox_ct_gpus: [0]}
+""")
+    env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "HOME": str(tmp_path)}  # fmt: skip
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "provision.yml"]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 2, out[-3000:]
+    assert "a, b all name VMID 180 (on nodes pve1, pve2): a VMID is one container in a Proxmox cluster" in out
+    assert "Converge the container" not in out

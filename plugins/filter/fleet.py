@@ -36,8 +36,8 @@ def vmid_conflicts(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> list[st
     for vmid, named in by_vmid.items():
         if len(named) < 2:
             continue
-        names = ", ".join(host for host, _ in named)
-        nodes = sorted({node for _, node in named if node is not None})
+        names = ", ".join(host for host, _node in named)
+        nodes = sorted({node for _host, node in named if node is not None})
         where = "" if not nodes else f" (on node {nodes[0]})" if len(nodes) == 1 else f" (on nodes {', '.join(nodes)})"
         sentences.append(
             f"{names} all name VMID {vmid}{where}: a VMID is one container in a Proxmox cluster, so give each host "

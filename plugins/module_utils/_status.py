@@ -1,0 +1,103 @@
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What one status row reads on a host (eagle3.ops.eagle3_status): standard library only, so the action plugin can
+run it on the host as one short script (plugin_utils/_probe.py) instead of a module with ansible's wrapper."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ansible_collections.eagle3.ops.plugins.module_utils._gpu import SMI_GPU_FIELDS, smi_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
+
+ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "nvidia_smi": {"type": "list", "elements": "str", "default": ["nvidia-smi"]},
+    "train_state": {"type": "path"},
+    "python": {"type": "path"},
+    "payload_dir": {"type": "path"},
+    "server_url": {"type": "str", "default": ""},
+    "router_url": {"type": "str", "default": ""},
+    "timeout": {"type": "float", "default": 5},
+}
+# The server and the router are the host's own (or the lab's bridge): never through a proxy of the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _path(value: str | None) -> str | None:
+    """A path option as AnsibleModule's 'path' type gives it (expanded on the host that reads it)."""
+    return os.path.expandvars(os.path.expanduser(value)) if value else value
+
+
+class StatusReader:
+    """The reads of a status row, each on its own: one that fails leaves its part empty."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.p = dict(params)
+        for name in ("train_state", "python", "payload_dir"):
+            self.p[name] = _path(self.p.get(name))
+
+    def gpus(self) -> list[dict[str, Any]] | None:
+        argv = [*self.p["nvidia_smi"], f"--query-gpu={','.join(SMI_GPU_FIELDS)}", "--format=csv,noheader,nounits"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.p["timeout"], check=False)
+            if proc.returncode != 0:
+                return [] if "No devices were found" in proc.stdout else None
+            return smi_rows(proc.stdout, SMI_GPU_FIELDS)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            return None
+
+    def training(self) -> dict[str, Any] | None:
+        state, python, payload = self.p["train_state"], self.p["python"], self.p["payload_dir"]
+        if not (state and python and payload) or not os.path.isdir(state) or not os.path.exists(python):
+            return None
+        try:
+            argv = [python, "-m", "training.monitor", "--state", state, "--no-record"]
+            proc = subprocess.run(argv, cwd=payload, capture_output=True, text=True, timeout=self.p["timeout"] * 4,
+                                  check=False)  # fmt: skip
+            sample = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout else {}
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            return None
+        return sample if isinstance(sample, dict) and sample.get("attempt") is not None else None
+
+    def serving(self) -> dict[str, Any] | None:
+        if not self.p["server_url"]:
+            return None
+        info = self._json(self.p["server_url"].rstrip("/") + "/get_server_info")
+        if not isinstance(info, dict):
+            return None
+        return {"draft": info.get("speculative_draft_model_path"),
+                "draft_tokens": info.get("speculative_num_draft_tokens"),
+                "accept_length": reported_accept_length(info)}  # fmt: skip
+
+    def _json(self, url: str) -> Any:
+        if not url.startswith(("http://", "https://")):
+            return None
+        try:
+            with _OPENER.open(url, timeout=self.p["timeout"]) as resp:
+                return json.loads(resp.read().decode("utf-8", "replace"))
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+
+    def router(self) -> list[dict[str, Any]] | None:
+        if not self.p["router_url"]:
+            return None
+        listed = self._json(self.p["router_url"].rstrip("/") + "/workers")
+        if not isinstance(listed, dict):
+            return None
+        return worker_rows(listed.get("workers"))
+
+    def read(self) -> dict[str, Any]:
+        gpus = self.gpus()
+        return {"changed": False, "gpus": gpus or [], "gpus_read": gpus is not None, "training": self.training(),
+                "serving": self.serving(), "router": self.router()}  # fmt: skip
+
+
+def read(params: dict[str, Any]) -> dict[str, Any]:
+    """One status row's reads (the probe's entry point)."""
+    return StatusReader(params).read()

@@ -1,0 +1,81 @@
+"""Read-only modules run on the host as one short script (plugin_utils/_probe.py): the same answer as the module, the
+module itself when the script cannot run, the module's argument errors on the controller."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.modules import init_collection_loader, run_module
+from tests.unit.plugins.modules.test_eagle3_status import fake_smi, serve_info
+
+
+def probe():
+    from ansible_collections.eagle3.ops.plugins.plugin_utils import _probe
+
+    return _probe
+
+
+def adhoc(module: str, args: dict, *extra: str, python: str = sys.executable) -> tuple[str, dict]:
+    """One ad-hoc call on localhost (local connection, pipelined): the verbose output and the result."""
+    env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": str(init_collection_loader()),
+           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_NOCOLOR": "1", "PATH": "/usr/bin:/bin",
+           "HOME": str(Path.home())}  # fmt: skip
+    argv = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-o", "-vvv",
+            "-m", module, "-a", json.dumps(args), "-e", f"ansible_python_interpreter={python}", *extra]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("localhost |"))
+    result = json.loads(line.split("=>", 1)[1])
+    result.setdefault("failed", "FAILED" in line.split("=>", 1)[0])
+    return proc.stdout, result
+
+
+def test_the_script_answers_what_the_module_answers(tmp_path, capsys):
+    server = serve_info({"speculative_draft_model_path": "/srv/d", "speculative_num_draft_tokens": 10})
+    try:
+        args = {"nvidia_smi": fake_smi(tmp_path), "server_url": f"http://127.0.0.1:{server.server_port}"}
+        module = run_module("eagle3_status", args, capsys=capsys)
+        params, error = probe().validated(__import__("ansible_collections.eagle3.ops.plugins.module_utils._status",
+                                                     fromlist=["ARGUMENT_SPEC"]).ARGUMENT_SPEC, args)  # fmt: skip
+        assert error == "" and params is not None
+        program = probe().script(["_gpu", "_router", "_serving", "_status"], "_status", "read", params)
+        # run by a bare interpreter, with nothing of ansible's importable
+        out = subprocess.run([sys.executable, "-I", "-S", "-"], input=program, capture_output=True, text=True,
+                             timeout=60, check=True).stdout  # fmt: skip
+        answer = json.loads(out.strip().splitlines()[-1].removeprefix(probe().MARK))
+        verbose, played = adhoc("eagle3.ops.eagle3_status", args)
+    finally:
+        server.shutdown()
+    module.pop("invocation", None)
+    assert answer == module and answer["serving"]["draft_tokens"] == 10 and answer["gpus_read"] is True
+    assert f"{sys.executable} - && sleep 0" in verbose  # the script went in on the command's input
+    assert {k: played[k] for k in module} == module
+
+
+def test_the_module_runs_when_the_script_cannot(tmp_path):
+    args = {"nvidia_smi": fake_smi(tmp_path)}
+    missing = str(tmp_path / "no-python")
+    verbose, played = adhoc("eagle3.ops.eagle3_status", args, python=missing)
+    # the script found no interpreter (rc 127), so the module ran and failed as a module does there
+    assert f"{missing} - && sleep 0" in verbose and f"{missing} && sleep 0" in verbose, verbose
+    assert played["failed"] is True and f"The module interpreter '{missing}' was not found" in played["msg"]
+    # a host whose Python is not known (discovery asked for, not run yet): python3 on its PATH
+    _, found = adhoc("eagle3.ops.eagle3_status", args, python="auto_silent")
+    assert found["gpus_read"] is True and found["gpus"][0]["name"] == "NVIDIA H200"
+
+
+def test_bad_arguments_fail_on_the_controller_with_the_module_message(tmp_path):
+    verbose, played = adhoc("eagle3.ops.eagle3_status", {"timeout": "soon"})
+    assert played["failed"] is True
+    assert played["msg"].startswith("eagle3_status: argument 'timeout' is of type") and "float" in played["msg"]
+    assert " - && sleep 0" not in verbose  # nothing ran on the host
+
+
+def test_path_options_reach_the_host_as_written():
+    from ansible_collections.eagle3.ops.plugins.module_utils._status import ARGUMENT_SPEC
+
+    params, _ = probe().validated(ARGUMENT_SPEC, {"train_state": "~/state", "python": "$HOME/py"})
+    assert params is not None and params["train_state"] == "~/state" and params["python"] == "$HOME/py"

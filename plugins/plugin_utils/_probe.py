@@ -66,17 +66,29 @@ def script(modules: list[str], module: str, entry: str, params: dict[str, Any]) 
                         mark=MARK)  # fmt: skip
 
 
+def _unexpanded(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with 'path' read as 'str': a path is expanded where it is read (the host's ~ is not the
+    controller's), as AnsibleModule does there."""
+    out = {}
+    for name, option in spec.items():
+        option = dict(option)
+        if option.get("type") == "path":
+            option["type"] = "str"
+        if option.get("elements") == "path":
+            option["elements"] = "str"
+        if "options" in option:
+            option["options"] = _unexpanded(option["options"])
+        out[name] = option
+    return out
+
+
 def validated(spec: dict[str, Any], args: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The arguments as the module would see them (defaults, types), or None and the module's own error message."""
-    result = ArgumentSpecValidator(spec).validate(dict(args))
+    """The arguments as the module would see them (defaults, types; paths as written), or None and the module's own
+    error message."""
+    result = ArgumentSpecValidator(_unexpanded(spec)).validate(dict(args))
     if result.error_messages:
         return None, "; ".join(result.error_messages)
-    params = result.validated_parameters
-    # 'path' options are expanded where they are read (the host's ~ is not the controller's): pass them as written.
-    for name, option in spec.items():
-        if option.get("type") == "path" and args.get(name) is not None:
-            params[name] = str(args[name])
-    return params, ""
+    return result.validated_parameters, ""
 
 
 def interpreter(task_vars: dict[str, Any], templar: Any) -> str | None:

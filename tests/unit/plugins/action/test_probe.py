@@ -4,6 +4,7 @@ module itself when the script cannot run, the module's argument errors on the co
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 from tests.modules import init_collection_loader, run_module
 from tests.unit.plugins.modules.test_eagle3_status import fake_smi, serve_info
+from tests.unit.plugins.modules.test_gpu_cleanup import alive, used, workload
 
 
 def probe():
@@ -23,7 +25,7 @@ def adhoc(module: str, args: dict, *extra: str, python: str = sys.executable) ->
     """One ad-hoc call on localhost (local connection, pipelined): the verbose output and the result."""
     env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": str(init_collection_loader()),
            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_NOCOLOR": "1", "PATH": "/usr/bin:/bin",
-           "HOME": str(Path.home())}  # fmt: skip
+           "HOME": str(Path.home()), **{k: v for k, v in os.environ.items() if k.startswith("NVEMU_")}}  # fmt: skip
     argv = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-o", "-vvv",
             "-m", module, "-a", json.dumps(args), "-e", f"ansible_python_interpreter={python}", *extra]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False)
@@ -79,3 +81,22 @@ def test_path_options_reach_the_host_as_written():
 
     params, _ = probe().validated(ARGUMENT_SPEC, {"train_state": "~/state", "python": "$HOME/py"})
     assert params is not None and params["train_state"] == "~/state" and params["python"] == "$HOME/py"
+
+
+def test_a_cleanup_dry_run_is_the_script_and_a_real_run_is_the_module(gpus, capsys):
+    workload(gpus, "--gpus", "0", "--mib", "700", "--dataloader-workers", "1")
+    args = {"nvidia_smi": gpus["smi"], "device_dir": gpus["dev"], "grace": 2, "timeout": 10}
+    module = run_module("gpu_cleanup", args, check=True, capsys=capsys)
+    verbose, dry = adhoc("eagle3.ops.gpu_cleanup", args, "--check")
+    assert f"{sys.executable} - && sleep 0" in verbose
+    assert dry["changed"] is True and dry["signalled"] == module["signalled"] and len(dry["signalled"]) == 3
+    assert [h["pid"] for h in dry["holders"]] == [h["pid"] for h in module["holders"]]
+    assert dry["targets"] == module["targets"] and dry["units"] == module["units"]
+    assert all(alive(pid) for pid in dry["signalled"]) and used()[0] == 703  # a dry run stops nothing
+    # a refusal is the module's sentence, from the script too
+    guard = {**args, "require_paths": [str(Path(gpus["dev"]).parent / "missing" / "model.safetensors")]}
+    _, refused = adhoc("eagle3.ops.gpu_cleanup", guard, "--check")
+    assert refused["failed"] is True and refused["msg"].startswith("Refusing to stop 2 GPU holders"), refused
+    verbose, real = adhoc("eagle3.ops.gpu_cleanup", args)
+    assert " - && sleep 0" not in verbose and f"{sys.executable} && sleep 0" in verbose  # the module itself
+    assert real["changed"] is True and not any(alive(pid) for pid in dry["signalled"])

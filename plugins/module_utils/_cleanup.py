@@ -93,6 +93,8 @@ class GpuCleanup:
 
     def scan(self) -> dict[int, Proc]:
         procs = scan(dev_dir=self.p["device_dir"])
+        if not any(q.holds_gpu for q in procs.values()):
+            return procs  # nvidia-smi lists the memory of device holders only: none here, nothing to ask
         mem = app_memory(self.smi)
         for q in procs.values():
             q.memory_mib = mem.get(q.pid)

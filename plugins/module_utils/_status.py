@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
-import urllib.error
-import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 from ansible_collections.eagle3.ops.plugins.module_utils._gpu import SMI_GPU_FIELDS, smi_rows
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
@@ -25,10 +25,6 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "router_url": {"type": "str", "default": ""},
     "timeout": {"type": "float", "default": 5},
 }
-# The server and the router are the host's own (or the lab's bridge): never through a proxy of the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _path(value: str | None) -> str | None:
     """A path option as AnsibleModule's 'path' type gives it (expanded on the host that reads it)."""
     return os.path.expandvars(os.path.expanduser(value)) if value else value
@@ -76,12 +72,24 @@ class StatusReader:
                 "accept_length": reported_accept_length(info)}  # fmt: skip
 
     def _json(self, url: str) -> Any:
-        if not url.startswith(("http://", "https://")):
-            return None
         try:
-            with _OPENER.open(url, timeout=self.p["timeout"]) as resp:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                return None
+            # Most hosts of a fleet serve nothing: where nothing listens, no HTTP client is loaded (a third of the
+            # read's time on the host).
+            socket.create_connection((parts.hostname, port), timeout=self.p["timeout"]).close()
+        except (OSError, ValueError):
+            return None
+        from urllib import error, request  # pylint: disable=import-outside-toplevel
+
+        # The server and the router are the host's own (or the lab's bridge): never through a proxy of the environment.
+        opener = request.build_opener(request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=self.p["timeout"]) as resp:
                 return json.loads(resp.read().decode("utf-8", "replace"))
-        except (OSError, urllib.error.URLError, ValueError):
+        except (OSError, error.URLError, ValueError):
             return None
 
     def router(self) -> list[dict[str, Any]] | None:

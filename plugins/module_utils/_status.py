@@ -25,6 +25,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "router_url": {"type": "str", "default": ""},
     "timeout": {"type": "float", "default": 5},
 }
+
+
 def _path(value: str | None) -> str | None:
     """A path option as AnsibleModule's 'path' type gives it (expanded on the host that reads it)."""
     return os.path.expandvars(os.path.expanduser(value)) if value else value

@@ -54,3 +54,23 @@ def test_a_prompt_row_without_text_is_named(tmp_path):
     prompts.write_text(json.dumps({"id": 1, "messages": []}) + "\n")
     with pytest.raises(SystemExit, match="line 1 has neither 'prompt' nor a user message"):
         bench_serving.sharegpt_file(str(prompts))
+
+
+def test_each_concurrency_level_is_one_run_of_bench_serving_in_one_process(monkeypatch, tmp_path):
+    runs: list[list[str]] = []
+    monkeypatch.setattr(bench_serving, "run_bench_serving", lambda args: runs.append(args) or 0)
+    prefix = str(tmp_path / "out-")
+    assert bench_serving.main(["--concurrency=1", "--concurrency", "4", "--output-prefix", prefix, "--",
+                               "--backend", "sglang"]) == 0  # fmt: skip
+    assert runs == [["--backend", "sglang", "--max-concurrency", "1", "--output-file", f"{prefix}1.jsonl"],
+                    ["--backend", "sglang", "--max-concurrency", "4", "--output-file", f"{prefix}4.jsonl"]]  # fmt: skip
+    # a level that fails stops the rest, with its exit code
+    runs.clear()
+    monkeypatch.setattr(bench_serving, "run_bench_serving", lambda args: runs.append(args) or 3)
+    assert bench_serving.main(["--concurrency=1", "--concurrency=4", "--output-prefix", prefix, "--"]) == 3
+    assert len(runs) == 1
+    # without levels: one run with the arguments as given
+    runs.clear()
+    assert bench_serving.main(["--", "--max-concurrency", "2"]) == 3 and runs == [["--max-concurrency", "2"]]
+    with pytest.raises(SystemExit):
+        bench_serving.main(["--concurrency=1", "--"])  # no --output-prefix

@@ -117,7 +117,11 @@ def run(action: Any, task_vars: dict[str, Any], modules: list[str], module: str,
     if not python or not usable(action._connection):
         return None
     program = script(modules, module, entry, params)
-    res = action._low_level_execute_command(f"{shlex.quote(python)} -", sudoable=False, in_data=program.encode())
+    try:
+        command = shlex.join([*shlex.split(python), "-"])  # an interpreter may carry arguments (/usr/bin/env python3)
+    except ValueError:
+        return None
+    res = action._low_level_execute_command(command, sudoable=False, in_data=program.encode())
     if res.get("rc") != 0:
         return None
     for line in reversed(str(res.get("stdout", "")).splitlines()):

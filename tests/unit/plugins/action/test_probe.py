@@ -26,8 +26,9 @@ def adhoc(module: str, args: dict, *extra: str, python: str = sys.executable) ->
     env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": str(init_collection_loader()),
            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_NOCOLOR": "1", "PATH": "/usr/bin:/bin",
            "HOME": str(Path.home()), **{k: v for k, v in os.environ.items() if k.startswith("NVEMU_")}}  # fmt: skip
+    interpreter = json.dumps({"ansible_python_interpreter": python})
     argv = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-o", "-vvv",
-            "-m", module, "-a", json.dumps(args), "-e", f"ansible_python_interpreter={python}", *extra]  # fmt: skip
+            "-m", module, "-a", json.dumps(args), "-e", interpreter, *extra]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT, check=False)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("localhost |"))
     result = json.loads(line.split("=>", 1)[1])
@@ -100,3 +101,9 @@ def test_a_cleanup_dry_run_is_the_script_and_a_real_run_is_the_module(gpus, caps
     verbose, real = adhoc("eagle3.ops.gpu_cleanup", args)
     assert " - && sleep 0" not in verbose and f"{sys.executable} && sleep 0" in verbose  # the module itself
     assert real["changed"] is True and not any(alive(pid) for pid in dry["signalled"])
+
+
+def test_an_interpreter_with_arguments_runs_the_script(tmp_path):
+    args = {"nvidia_smi": fake_smi(tmp_path)}
+    verbose, played = adhoc("eagle3.ops.eagle3_status", args, python="/usr/bin/env python3")
+    assert "/usr/bin/env python3 - && sleep 0" in verbose and played["gpus_read"] is True

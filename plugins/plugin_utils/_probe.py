@@ -16,10 +16,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from ansible import constants as C
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
 
 MODULE_UTILS = "ansible_collections.eagle3.ops.plugins.module_utils"
 MARK = "EAGLE3_PROBE_RESULT "
@@ -58,7 +60,7 @@ def source(short: str) -> str:
     return _sources[short]
 
 
-def script(modules: list[str], module: str, entry: str, params: dict[str, Any]) -> str:
+def script(modules: Sequence[str], module: str, entry: str, params: dict[str, Any]) -> str:
     """The Python program that loads ``modules`` (module_utils names, dependencies first) and prints
     ``module.entry(params)`` as one marked JSON line."""
     sources = json.dumps([[short, source(short)] for short in modules])
@@ -109,7 +111,7 @@ def usable(connection: Any) -> bool:
     return bool(getattr(connection, "has_pipelining", False)) and not getattr(connection, "become", None)
 
 
-def run(action: Any, task_vars: dict[str, Any], modules: list[str], module: str, entry: str,
+def run(action: Any, task_vars: dict[str, Any], modules: Sequence[str], module: str, entry: str,
         params: dict[str, Any]) -> dict[str, Any] | None:  # fmt: skip
     """``module.entry(params)`` computed on the action's host by one script, or None when it could not run there
     (the caller then runs the module). A connection failure propagates: the host is unreachable either way."""
@@ -132,3 +134,33 @@ def run(action: Any, task_vars: dict[str, Any], modules: list[str], module: str,
                 return None
             return answer if isinstance(answer, dict) else None
     return None
+
+
+class ProbeAction(ActionBase):
+    """An action plugin whose module's work runs on the host as one script where it can (``probe_wanted``), and as
+    the module otherwise. A subclass names the module, its argument spec, the module_utils the script needs
+    (dependencies first) and the entry point (module_utils name, function taking the arguments)."""
+
+    TRANSFERS_FILES = False
+    MODULE = ""
+    SPEC: ClassVar[dict[str, Any]] = {}
+    MODULES: tuple[str, ...] = ()
+    ENTRY = ("", "")
+
+    def probe_wanted(self) -> bool:
+        return True
+
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        answer = None
+        if self.probe_wanted():
+            params, error = validated(self.SPEC, self._task.args)
+            if params is None:
+                result.update(failed=True, msg=f"{self.MODULE.rsplit('.', 1)[-1]}: {error}")
+                return result
+            answer = run(self, task_vars, self.MODULES, self.ENTRY[0], self.ENTRY[1], params)
+        if answer is None:
+            answer = self._execute_module(module_name=self.MODULE, module_args=self._task.args, task_vars=task_vars)
+        result.update(answer)
+        return result

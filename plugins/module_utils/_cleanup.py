@@ -57,19 +57,12 @@ class CleanupFailed(Exception):
     """A refusal or a failed verification: its message is the task's, the result so far goes with it."""
 
 
-def _expand(path: str) -> str:
-    return os.path.expandvars(os.path.expanduser(path)) if path else path
-
-
 class GpuCleanup:
     """One run: scan, select, guard, then (unless in check mode) the ladder and the verification."""
 
     def __init__(self, params: dict[str, Any], check_mode: bool) -> None:
         self.check_mode = check_mode
-        self.p = dict(params)
-        # 'path' options as AnsibleModule gives them: expanded on the host that reads them
-        self.p["device_dir"] = _expand(self.p["device_dir"])
-        self.p["require_paths"] = [_expand(path) for path in self.p["require_paths"]]
+        self.p = params
         self.smi = shlex.split(self.p["nvidia_smi"])
         self.result: dict[str, Any] = {
             "changed": False, "holders": [], "roots": [], "spared": [], "observers": [], "spared_ancestors": [],

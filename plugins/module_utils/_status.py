@@ -27,18 +27,11 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
 }
 
 
-def _path(value: str | None) -> str | None:
-    """A path option as AnsibleModule's 'path' type gives it (expanded on the host that reads it)."""
-    return os.path.expandvars(os.path.expanduser(value)) if value else value
-
-
 class StatusReader:
     """The reads of a status row, each on its own: one that fails leaves its part empty."""
 
     def __init__(self, params: dict[str, Any]) -> None:
-        self.p = dict(params)
-        for name in ("train_state", "python", "payload_dir"):
-            self.p[name] = _path(self.p.get(name))
+        self.p = params
 
     def gpus(self) -> list[dict[str, Any]] | None:
         argv = [*self.p["nvidia_smi"], f"--query-gpu={','.join(SMI_GPU_FIELDS)}", "--format=csv,noheader,nounits"]

@@ -30,9 +30,15 @@ _sources: dict[str, str] = {}
 
 # The script: the module_utils as modules under their collection names (in order, each may import the ones before
 # it), then the entry's answer as one marked line of JSON.
-_BOOT = """import json, sys, types
+_BOOT = """import json, os, sys, types
 SOURCES = json.loads({sources!r})
 PARAMS = json.loads({params!r})
+for name in {paths!r}:  # 'path' options expanded on this host, as AnsibleModule's 'path' type does
+    value = PARAMS.get(name)
+    if isinstance(value, list):
+        PARAMS[name] = [os.path.expanduser(os.path.expandvars(v)) for v in value]
+    elif value:
+        PARAMS[name] = os.path.expanduser(os.path.expandvars(value))
 base = {base!r}
 parts = base.split(".")
 for i in range(1, len(parts) + 1):
@@ -60,17 +66,22 @@ def source(short: str) -> str:
     return _sources[short]
 
 
-def script(modules: Sequence[str], module: str, entry: str, params: dict[str, Any]) -> str:
-    """The Python program that loads ``modules`` (module_utils names, dependencies first) and prints
-    ``module.entry(params)`` as one marked JSON line."""
+def path_options(spec: dict[str, Any]) -> list[str]:
+    """The options AnsibleModule expands as paths ('path', or a list of 'path' elements)."""
+    return [name for name, option in spec.items() if "path" in (option.get("type"), option.get("elements"))]
+
+
+def script(modules: Sequence[str], module: str, entry: str, params: dict[str, Any], paths: Sequence[str] = ()) -> str:
+    """The Python program that loads ``modules`` (module_utils names, dependencies first), expands the ``paths``
+    options on the host and prints ``module.entry(params)`` as one marked JSON line."""
     sources = json.dumps([[short, source(short)] for short in modules])
-    return _BOOT.format(sources=sources, params=json.dumps(params), base=MODULE_UTILS, module=module, entry=entry,
-                        mark=MARK)  # fmt: skip
+    return _BOOT.format(sources=sources, params=json.dumps(params), paths=list(paths), base=MODULE_UTILS, module=module,
+                        entry=entry, mark=MARK)  # fmt: skip
 
 
 def _unexpanded(spec: dict[str, Any]) -> dict[str, Any]:
     """The spec with 'path' read as 'str': a path is expanded where it is read (the host's ~ is not the
-    controller's), as AnsibleModule does there."""
+    controller's), by the script (``path_options``)."""
     out = {}
     for name, option in spec.items():
         option = dict(option)
@@ -78,8 +89,6 @@ def _unexpanded(spec: dict[str, Any]) -> dict[str, Any]:
             option["type"] = "str"
         if option.get("elements") == "path":
             option["elements"] = "str"
-        if "options" in option:
-            option["options"] = _unexpanded(option["options"])
         out[name] = option
     return out
 
@@ -112,13 +121,13 @@ def usable(connection: Any) -> bool:
 
 
 def run(action: Any, task_vars: dict[str, Any], modules: Sequence[str], module: str, entry: str,
-        params: dict[str, Any]) -> dict[str, Any] | None:  # fmt: skip
+        params: dict[str, Any], paths: Sequence[str] = ()) -> dict[str, Any] | None:  # fmt: skip
     """``module.entry(params)`` computed on the action's host by one script, or None when it could not run there
     (the caller then runs the module). A connection failure propagates: the host is unreachable either way."""
     python = interpreter(task_vars, action._templar)
     if not python or not usable(action._connection):
         return None
-    program = script(modules, module, entry, params)
+    program = script(modules, module, entry, params, paths)
     try:
         command = shlex.join([*shlex.split(python), "-"])  # an interpreter may carry arguments (/usr/bin/env python3)
     except ValueError:
@@ -159,7 +168,8 @@ class ProbeAction(ActionBase):
             if params is None:
                 result.update(failed=True, msg=f"{self.MODULE.rsplit('.', 1)[-1]}: {error}")
                 return result
-            answer = run(self, task_vars, self.MODULES, self.ENTRY[0], self.ENTRY[1], params)
+            answer = run(self, task_vars, self.MODULES, self.ENTRY[0], self.ENTRY[1], params,
+                         path_options(self.SPEC))
         if answer is None:
             answer = self._execute_module(module_name=self.MODULE, module_args=self._task.args, task_vars=task_vars)
         result.update(answer)

@@ -77,11 +77,26 @@ def test_bad_arguments_fail_on_the_controller_with_the_module_message(tmp_path):
     assert " - && sleep 0" not in verbose  # nothing ran on the host
 
 
-def test_path_options_reach_the_host_as_written():
+def test_path_options_reach_the_host_as_written_and_are_expanded_there(tmp_path):
     from ansible_collections.eagle3.ops.plugins.module_utils._status import ARGUMENT_SPEC
 
     params, _ = probe().validated(ARGUMENT_SPEC, {"train_state": "~/state", "python": "$HOME/py"})
     assert params is not None and params["train_state"] == "~/state" and params["python"] == "$HOME/py"
+    assert probe().path_options(ARGUMENT_SPEC) == ["train_state", "python", "payload_dir"]
+    # on the host, the script expands them with the host's environment (here: a variable only the host has)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "attempts.json").write_text(json.dumps([{"n": 3, "total_seq_len": 8192, "cause": "running"}]))
+    args = {"nvidia_smi": fake_smi(tmp_path), "train_state": "$EAGLE3_HOST_STATE", "python": sys.executable,
+            "payload_dir": str(ROOT / "eagle3_ops" / "payloads")}  # fmt: skip
+    params, _ = probe().validated(ARGUMENT_SPEC, args)
+    assert params is not None
+    program = probe().script(["_gpu", "_router", "_serving", "_status"], "_status", "read", params,
+                             probe().path_options(ARGUMENT_SPEC))  # fmt: skip
+    out = subprocess.run([sys.executable, "-I", "-S", "-"], input=program, capture_output=True, text=True, timeout=60,
+                         check=True, env={"EAGLE3_HOST_STATE": str(state), "PATH": "/usr/bin:/bin"}).stdout  # fmt: skip
+    answer = json.loads(out.strip().splitlines()[-1].removeprefix(probe().MARK))
+    assert answer["training"]["attempt"] == 3 and answer["training"]["total_seq_len"] == 8192
 
 
 def test_a_cleanup_dry_run_is_the_script_and_a_real_run_is_the_module(gpus, capsys):

@@ -56,6 +56,24 @@ def test_check_accepts_a_complete_template(tmp_path):
     assert template.check_template(tar, ["python3", "procps"])["ok"] is True
 
 
+def test_a_complete_check_is_kept_on_the_tar_until_the_tar_or_the_packages_change(tmp_path, monkeypatch):
+    tar = _tar(tmp_path, STATUS.replace("deinstall ok config-files", "install ok installed"), python=True)
+    assert template.check_template(tar, ["python3", "procps"]) == {
+        "ok": True, "template": str(tar), "reason": "complete", "missing": []}  # fmt: skip
+    reads: list[str] = []
+    real_read = template.read_tar_member
+    monkeypatch.setattr(template, "read_tar_member", lambda t, m: reads.append(m) or real_read(t, m))
+    again = template.check_template(tar, ["procps", "python3"])
+    assert again["ok"] is True and again["checked_before"] is True and reads == []
+    # Other packages asked for: read again (and python3 lacks nothing, but "sudo" is not installed).
+    assert template.check_template(tar, ["python3", "sudo"])["missing"] == ["sudo"] and reads
+    # The tar rewritten in place without python3 (same inode, new mtime): read again, and refused.
+    reads.clear()
+    (tmp_path / "root/usr/bin/python3").unlink()
+    subprocess.run(["tar", "-C", str(tmp_path / "root"), "-cf", str(tar), "."], check=True)
+    assert template.check_template(tar, ["python3", "procps"])["ok"] is False and reads
+
+
 def test_check_refuses_a_template_whose_root_shuts_out_other_users(tmp_path):
     tar = _tar(tmp_path, STATUS.replace("deinstall ok config-files", "install ok installed"), python=True)
     root = tmp_path / "root"

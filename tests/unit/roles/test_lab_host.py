@@ -21,7 +21,7 @@ def _line(node: str) -> str:
 @pytest.mark.parametrize("gpus", [0, 1, 4, 10])
 def test_the_lines_beyond_the_count_go_and_the_others_stay(gpus: int):
     assert REMOVE["state"] == "absent"
-    regexp = jinja2.Environment().from_string(REMOVE["regexp"]).render(lab_host_ct_gpus=gpus)
+    regexp = jinja2.Environment(autoescape=True).from_string(REMOVE["regexp"]).render(lab_host_ct_gpus=gpus)
     nodes = [f"nvidia{i}" for i in (0, 1, 3, 4, 9, 10, 11, 15, 23)] + ["nvidiactl", "nvidia-uvm"]
     gone = [n for n in nodes if re.search(regexp, _line(n))]  # lineinfile's own match (re.search per line)
     assert gone == [f"nvidia{i}" for i in (0, 1, 3, 4, 9, 10, 11, 15, 23) if i >= gpus]

@@ -309,6 +309,21 @@ class GpuCleanup:
         return f"GPUs are not free after {waited}: {detail}; {fix}."
 
 
+def summarised(result: dict[str, Any]) -> dict[str, Any]:
+    """The result with what a fleet's summary and the role's next step read from it, computed here so that a converged
+    host costs the play no task of its own: ``idle`` (nothing to signal and no unit to stop: the real pass and its
+    verification would find the same) and ``summary`` (counts, the units stopped and the targets)."""
+    stopped = [u["unit"] for u in result["units"] if u.get("action") in ("stop", "stopped")]
+    result["idle"] = not result["holders"] and not result["targets"] and not any(
+        u.get("action") == "stop" for u in result["units"])
+    result["summary"] = {
+        "holders": len(result["holders"]), "signalled": len(result["signalled"]), "killed": len(result["killed"]),
+        "survivors": len(result["survivors"]), "freed_mib": result["freed_mib"], "observers": len(result["observers"]),
+        "spared_sessions": len(result["spared_ancestors"]), "units_stopped": stopped, "targets": result["targets"],
+    }  # fmt: skip
+    return result
+
+
 def outcome(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], str | None, str | None]:
     """One run's result, its failure message (None when it succeeded) and, for the unexpected, the traceback."""
     cleanup = GpuCleanup(params, check_mode)
@@ -316,10 +331,10 @@ def outcome(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], s
         cleanup.validate()
         cleanup.run()
     except CleanupFailed as exc:
-        return cleanup.result, str(exc), None
+        return summarised(cleanup.result), str(exc), None
     except Exception as exc:  # the unexpected gets a traceback
-        return cleanup.result, f"gpu_cleanup failed unexpectedly: {exc}", traceback.format_exc()
-    return cleanup.result, None, None
+        return summarised(cleanup.result), f"gpu_cleanup failed unexpectedly: {exc}", traceback.format_exc()
+    return summarised(cleanup.result), None, None
 
 
 def dry_run(params: dict[str, Any]) -> dict[str, Any]:

@@ -221,6 +221,28 @@ freed_mib:
   description: Memory freed on the selected GPUs.
   returned: always
   type: int
+idle:
+  description:
+    - Nothing to signal and no unit to stop (in check mode, nothing would be). The gpu_cleanup role skips the real
+      pass and the verification of a host whose dry run is idle.
+  returned: always
+  type: bool
+summary:
+  description:
+    - The counts a fleet-wide summary prints - C(holders), C(signalled), C(killed), C(survivors), C(freed_mib),
+      C(observers), C(spared_sessions) -, C(units_stopped) (names) and C(targets).
+  returned: always
+  type: dict
+  sample:
+    holders: 0
+    signalled: 0
+    killed: 0
+    survivors: 0
+    freed_mib: 0
+    observers: 0
+    spared_sessions: 0
+    units_stopped: []
+    targets: []
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -80,84 +80,13 @@ accept_length:
   type: float
 """
 
-import json
-import time
-import urllib.error
-from typing import Any
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import open_url
-from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
-
-
-class GateError(Exception):
-    pass
-
-
-class Gate:
-    """The smoke requests and the server info of one server."""
-
-    def __init__(self, params: dict[str, Any]) -> None:
-        self.p = params
-        self.base = params["url"].rstrip("/")
-
-    def smoke(self) -> list[dict[str, Any]]:
-        done: list[dict[str, Any]] = []
-        prompts, where = self.p["prompts"], f"{self.base}/generate"
-        for i, prompt in enumerate(prompts, 1):
-            body = {"text": prompt, "sampling_params": {"max_new_tokens": self.p["max_tokens"], "temperature": 0}}
-            started = time.monotonic()
-            try:
-                with open_url(where, method="POST", data=json.dumps(body),
-                              headers={"Content-Type": "application/json"}, timeout=self.p["timeout"]) as resp:
-                    answer = json.loads(resp.read().decode("utf-8", "replace"))
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode("utf-8", "replace")[:300] if exc.fp else ""
-                raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered HTTP "
-                                f"{exc.code} {detail}".rstrip()) from exc  # fmt: skip
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                raise GateError(f"the smoke request {i} of {len(prompts)} to {where} failed: {exc}") from exc
-            text = answer.get("text") if isinstance(answer, dict) else None
-            if not isinstance(text, str):
-                raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered without a "
-                                f"generated text: {json.dumps(answer)[:300]}")  # fmt: skip
-            done.append({"prompt": prompt, "chars": len(text), "seconds": round(time.monotonic() - started, 3)})
-        return done
-
-    def info(self) -> tuple[dict[str, Any], str | None]:
-        for path in self.p["info_paths"]:
-            try:
-                with open_url(f"{self.base}/{path.lstrip('/')}", timeout=self.p["timeout"]) as resp:
-                    got = json.loads(resp.read().decode("utf-8", "replace"))
-            except (OSError, urllib.error.URLError, ValueError):
-                continue
-            if isinstance(got, dict):
-                return got, path
-        return {}, None
-
-    @staticmethod
-    def accept_length(info: dict[str, Any]) -> float | None:
-        value = reported_accept_length(info)
-        return float(value) if isinstance(value, (int, float)) else None
-
-    def run(self, check_mode: bool) -> dict[str, Any]:
-        if check_mode:
-            return {"changed": False, "smoke": [], "info": {}, "info_path": None, "accept_length": None}
-        smoke = self.smoke()
-        info, path = self.info()
-        return {"changed": False, "smoke": smoke, "info": info, "info_path": path,
-                "accept_length": self.accept_length(info)}  # fmt: skip
+from ansible_collections.eagle3.ops.plugins.module_utils._gate import GATE_SPEC, Gate, GateError
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "url": {"type": "str", "required": True},
-            "prompts": {"type": "list", "elements": "str", "default": []},
-            "max_tokens": {"type": "int", "default": 64, "no_log": False},  # a count, not a secret
-            "timeout": {"type": "float", "default": 300},
-            "info_paths": {"type": "list", "elements": "str", "default": ["get_server_info", "server_info"]},
-        },
+        argument_spec={"url": {"type": "str", "required": True}, **GATE_SPEC},
         supports_check_mode=True,
     )
     try:

@@ -1,0 +1,98 @@
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A freshly started server's gates (the smoke requests, then the accept length its server info reports), shared by
+the sglang_gate and sglang_service modules."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+from typing import Any
+
+from ansible.module_utils.urls import open_url
+from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
+
+# The options of a server's gates (the sglang_gate and sglang_service modules): the smoke requests and where the
+# server info is read.
+GATE_SPEC: dict[str, dict[str, Any]] = {
+    "prompts": {"type": "list", "elements": "str", "default": []},
+    "max_tokens": {"type": "int", "default": 64, "no_log": False},  # a count, not a secret
+    "timeout": {"type": "float", "default": 300},
+    "info_paths": {"type": "list", "elements": "str", "default": ["get_server_info", "server_info"]},
+}
+
+
+class GateError(Exception):
+    pass
+
+
+def request(url: str, timeout: float, body: dict[str, Any] | None = None) -> Any:
+    """GET (or POST ``body`` as JSON) one URL of a server and return its JSON answer."""
+    if body is None:
+        with open_url(url, timeout=timeout) as resp:
+            return json.loads(resp.read().decode("utf-8", "replace"))
+    with open_url(url, method="POST", data=json.dumps(body), headers={"Content-Type": "application/json"},
+                  timeout=timeout) as resp:  # fmt: skip
+        return json.loads(resp.read().decode("utf-8", "replace"))
+
+
+def answers(url: str, timeout: float) -> bool:
+    """Whether a GET of ``url`` answers 200 (SGLang's /health answers 200 with no body)."""
+    try:
+        with open_url(url, timeout=timeout) as resp:
+            return int(resp.status) == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+class Gate:
+    """The smoke requests and the server info of one server."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.p = params
+        self.base = params["url"].rstrip("/")
+
+    def smoke(self) -> list[dict[str, Any]]:
+        done: list[dict[str, Any]] = []
+        prompts, where = self.p["prompts"], f"{self.base}/generate"
+        for i, prompt in enumerate(prompts, 1):
+            body = {"text": prompt, "sampling_params": {"max_new_tokens": self.p["max_tokens"], "temperature": 0}}
+            started = time.monotonic()
+            try:
+                answer = request(where, self.p["timeout"], body)
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode("utf-8", "replace")[:300] if exc.fp else ""
+                raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered HTTP "
+                                f"{exc.code} {detail}".rstrip()) from exc  # fmt: skip
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                raise GateError(f"the smoke request {i} of {len(prompts)} to {where} failed: {exc}") from exc
+            text = answer.get("text") if isinstance(answer, dict) else None
+            if not isinstance(text, str):
+                raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered without a "
+                                f"generated text: {json.dumps(answer)[:300]}")  # fmt: skip
+            done.append({"prompt": prompt, "chars": len(text), "seconds": round(time.monotonic() - started, 3)})
+        return done
+
+    def info(self) -> tuple[dict[str, Any], str | None]:
+        for path in self.p["info_paths"]:
+            try:
+                got = request(f"{self.base}/{path.lstrip('/')}", self.p["timeout"])
+            except (OSError, urllib.error.URLError, ValueError):
+                continue
+            if isinstance(got, dict):
+                return got, path
+        return {}, None
+
+    @staticmethod
+    def accept_length(info: dict[str, Any]) -> float | None:
+        value = reported_accept_length(info)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def run(self, check_mode: bool) -> dict[str, Any]:
+        if check_mode:
+            return {"changed": False, "smoke": [], "info": {}, "info_path": None, "accept_length": None}
+        smoke = self.smoke()
+        info, path = self.info()
+        return {"changed": False, "smoke": smoke, "info": info, "info_path": path,
+                "accept_length": self.accept_length(info)}  # fmt: skip

@@ -1,0 +1,343 @@
+#!/usr/bin/python
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A server's unit, its restart, its health and its gates in one call, rolled back on failure."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_service
+short_description: Install a server's systemd unit, restart it, wait for its health and gate it, in one call
+description:
+  - Writes the unit file (atomically, only when its text differs), then reloads systemd and restarts the service;
+    an unchanged unit is only started (and enabled) when it does not run. Then waits for the server's C(/health),
+    sends the smoke requests, reads the server info and, with O(min_accept_length), requires the accept length
+    the server reports to be above it.
+  - When any of that fails after the unit changed, and O(rollback) is true, the previous unit is put back, systemd
+    reloaded and the previous service restarted and waited for (with no previous unit, the new service is stopped,
+    disabled and its unit removed). The failure names what failed, what the rollback did and the end of O(log).
+  - One module call where a switch of the served setting took one task (and a round trip to the server) for each
+    of the reads, the write, the restart, every health poll and the gates.
+version_added: "0.4.0"
+author: eagle3-ops contributors (@eagle3-ops)
+options:
+  name:
+    description: The unit's name, without C(.service).
+    type: str
+    required: true
+  content:
+    description: The unit file's text (the sglang_serve role renders its template on the controller).
+    type: str
+    required: true
+  unit_dir:
+    description: Where systemd reads the unit (the unit is O(unit_dir)/O(name).service).
+    type: path
+    default: /etc/systemd/system
+  url:
+    description: Base URL of the server as this host reaches it (for instance C(http://127.0.0.1:30000)).
+    type: str
+    required: true
+  health_timeout:
+    description: Seconds to wait for C(/health) to answer 200 after a (re)start, and for the previous service's.
+    type: int
+    default: 600
+  health_interval:
+    description: Seconds between two C(/health) polls.
+    type: float
+    default: 0.5
+  log:
+    description:
+      - The server's log file, which the unit appends to. Its directory is made when missing, and its last lines
+        are quoted when the service fails.
+    type: path
+  min_accept_length:
+    description:
+      - The accept length the server must report above (a draft whose weights did not take effect accepts about one
+        token per step); unset, no accept-length gate.
+    type: float
+  accept_context:
+    description: Words after "tokens per step" in the accept-length failure (for instance the draft's path).
+    type: str
+    default: ""
+  accept_hint:
+    description: What the accept-length failure says after the figures (likely causes and the fix).
+    type: str
+    default: the draft's weights did not take effect.
+  rollback:
+    description: Whether a failure after a unit change puts the previous unit back.
+    type: bool
+    default: true
+  prompts:
+    description: The smoke prompts sent to C(/generate) after the health wait; empty sends none.
+    type: list
+    elements: str
+    default: []
+  max_tokens:
+    description: C(max_new_tokens) of each smoke request.
+    type: int
+    default: 64
+  timeout:
+    description: Seconds each smoke request or server-info read may take.
+    type: float
+    default: 300
+  info_paths:
+    description: Where to read the server info, tried in order (SGLang 0.5.23 serves C(/get_server_info)).
+    type: list
+    elements: str
+    default: [get_server_info, server_info]
+attributes:
+  check_mode:
+    description: Reports whether the unit would change or the service would start, and the unit's diff; touches nothing.
+    support: full
+  diff_mode:
+    description: The unit file before and after.
+    support: full
+notes:
+  - Behind a router, call it in check mode first to learn whether the server restarts, take the server out of the
+    router, then call it for real (the sglang_serve role does).
+"""
+
+EXAMPLES = r"""
+- name: Serve the new setting (rolled back to the previous unit on failure)
+  eagle3.ops.sglang_service:
+    name: sglang
+    content: "{{ lookup('ansible.builtin.template', 'sglang.service.j2') }}"
+    url: http://127.0.0.1:30000
+    log: /var/log/eagle3/sglang.log
+    prompts: [Explain speculative decoding in two sentences.]
+    min_accept_length: 1.2
+  register: served
+"""
+
+RETURN = r"""
+unit_changed:
+  description: Whether the unit's text changed (in check mode, would change).
+  returned: always
+  type: bool
+started:
+  description: Whether the service was (re)started (in check mode, would be).
+  returned: always
+  type: bool
+health_seconds:
+  description: Seconds from the (re)start, or from the call when nothing started, until C(/health) answered.
+  returned: unless in check mode
+  type: float
+smoke:
+  description: One record per smoke prompt (the prompt, the generated text's length in characters, seconds).
+  returned: always
+  type: list
+  elements: dict
+info:
+  description: The server info (the first of O(info_paths) that answered), or an empty dict.
+  returned: always
+  type: dict
+info_path:
+  description: The path that answered, or null.
+  returned: always
+  type: str
+accept_length:
+  description: C(internal_states[0].avg_spec_accept_length) of the server info, or null when the server reports none.
+  returned: always
+  type: float
+rolled_back:
+  description: What the rollback did (C(previous service restored, healthy, draft ...)), or null when there was none.
+  returned: always
+  type: str
+restored_healthy:
+  description: Whether the previous service answered its health after a rollback.
+  returned: always
+  type: bool
+log_tail:
+  description: The last lines of O(log) when the service failed.
+  returned: on failure
+  type: list
+  elements: str
+"""
+
+import os
+import re
+import tempfile
+import time
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.eagle3.ops.plugins.module_utils._gate import GATE_SPEC, Gate, GateError, answers
+
+ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "name": {"type": "str", "required": True},
+    "content": {"type": "str", "required": True},
+    "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
+    "url": {"type": "str", "required": True},
+    "health_timeout": {"type": "int", "default": 600},
+    "health_interval": {"type": "float", "default": 0.5},
+    "log": {"type": "path"},
+    "min_accept_length": {"type": "float"},
+    "accept_context": {"type": "str", "default": ""},
+    "accept_hint": {"type": "str", "default": "the draft's weights did not take effect."},
+    "rollback": {"type": "bool", "default": True},
+    **GATE_SPEC,
+}
+DRAFT = re.compile(r"--speculative-draft-model-path (\S+)")
+
+
+class ServiceFailed(Exception):
+    pass
+
+
+class Service:
+    """One server's unit and service on this host."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.unit = f"{self.p['name']}.service"
+        self.path = os.path.join(self.p["unit_dir"], self.unit)
+        self.result: dict[str, Any] = {"changed": False, "unit_changed": False, "started": False, "smoke": [],
+                                       "info": {}, "info_path": None, "accept_length": None, "rolled_back": None,
+                                       "restored_healthy": False}  # fmt: skip
+
+    def systemctl(self, *args: str, check: bool = True) -> int:
+        rc, out, err = self.module.run_command(["systemctl", *args])
+        if rc != 0 and check:
+            raise ServiceFailed(f"systemctl {' '.join(args)} failed (rc {rc}): {(err or out).strip()[-300:]}")
+        return int(rc)
+
+    def read(self) -> str | None:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def write(self, text: str) -> None:
+        """The unit complete or not at all: a temporary file in the same directory, renamed over it."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.unit}.", dir=self.p["unit_dir"])
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o644)
+            self.module.atomic_move(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def healthy(self, timeout: float) -> float | None:
+        """Seconds until /health answered 200, or None after ``timeout``."""
+        started = time.monotonic()
+        deadline = started + timeout
+        url = f"{self.p['url'].rstrip('/')}/health"
+        while True:
+            if answers(url, min(10.0, max(1.0, deadline - time.monotonic()))):
+                return round(time.monotonic() - started, 2)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(self.p["health_interval"])
+
+    def log_tail(self, lines: int = 8) -> list[str]:
+        if not self.p["log"]:
+            return []
+        try:
+            with open(self.p["log"], "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - 16384))
+                return handle.read().decode("utf-8", "replace").splitlines()[-lines:]
+        except OSError:
+            return []
+
+    def plan(self, previous: str | None) -> bool:
+        """Whether the service must be (re)started: a changed unit, or one that does not run."""
+        self.result["unit_changed"] = previous != self.p["content"]
+        running = self.systemctl("is-active", "--quiet", self.unit, check=False) == 0
+        enabled = self.systemctl("is-enabled", "--quiet", self.unit, check=False) == 0
+        self.result["started"] = self.result["unit_changed"] or not running
+        self.result["changed"] = self.result["started"] or not enabled
+        if self.module._diff and self.result["unit_changed"]:
+            self.result["diff"] = {"before": previous or "", "after": self.p["content"],
+                                   "before_header": self.path, "after_header": self.path}  # fmt: skip
+        return bool(self.result["started"])
+
+    def start(self, changed_unit: bool) -> None:
+        if changed_unit:
+            self.write(self.p["content"])
+            self.systemctl("daemon-reload")
+        self.systemctl("enable", "--quiet", self.unit)
+        self.systemctl("restart" if changed_unit else "start", self.unit)
+
+    def gate(self, since: float) -> None:
+        left = self.p["health_timeout"] - (time.monotonic() - since)
+        waited = self.healthy(max(0.0, left))
+        if waited is None:
+            raise ServiceFailed(f"{self.unit} did not answer {self.p['url'].rstrip('/')}/health within "
+                                f"{self.p['health_timeout']} s")  # fmt: skip
+        self.result["health_seconds"] = round(time.monotonic() - since, 2)
+        try:
+            gates = Gate(self.p).run(check_mode=False)
+        except GateError as exc:
+            raise ServiceFailed(f"{str(exc)[0].upper()}{str(exc)[1:]}") from exc
+        self.result.update({k: v for k, v in gates.items() if k != "changed"})
+        least = self.p["min_accept_length"]
+        got = self.result["accept_length"]
+        if least is not None and (got is None or got <= least):
+            context = f" {self.p['accept_context']}" if self.p["accept_context"] else ""
+            raise ServiceFailed(f"The server accepts {'no' if got is None else got} tokens per step{context} (gate: "
+                                f"above {least}): {self.p['accept_hint']}")  # fmt: skip
+
+    def roll_back(self, previous: str | None) -> str:
+        """Put the previous unit back and wait for it; with none, stop and remove the new one."""
+        if previous is None:
+            self.systemctl("disable", "--now", "--quiet", self.unit, check=False)
+            if os.path.exists(self.path):
+                os.unlink(self.path)
+            self.systemctl("daemon-reload", check=False)
+            return "no previous service: the new one was stopped and removed"
+        self.write(previous)
+        self.systemctl("daemon-reload", check=False)
+        self.systemctl("restart", self.unit, check=False)
+        self.result["restored_healthy"] = self.healthy(self.p["health_timeout"]) is not None
+        found = DRAFT.search(previous)
+        health = "healthy" if self.result["restored_healthy"] else "NOT healthy: check it"
+        return f"previous service restored, {health}, draft {found.group(1) if found else 'none'}"
+
+    def run(self) -> None:
+        previous = self.read()
+        must_start = self.plan(previous)
+        if self.module.check_mode:
+            return
+        if self.p["log"]:
+            os.makedirs(os.path.dirname(self.p["log"]) or ".", mode=0o755, exist_ok=True)
+        changed_unit = bool(self.result["unit_changed"])
+        try:
+            since = time.monotonic()
+            if must_start:
+                self.start(changed_unit)
+            elif self.result["changed"]:
+                self.systemctl("enable", "--quiet", self.unit)
+            self.gate(since)
+        except ServiceFailed as exc:
+            self.result["log_tail"] = self.log_tail()
+            if changed_unit and self.p["rollback"]:
+                self.result["rolled_back"] = self.roll_back(previous)
+                after = f" Rolled back to the previous unit ({self.result['rolled_back']})."
+            elif changed_unit:
+                after = " Not rolled back (rollback is false): the new unit stays."
+            else:
+                after = " No rollback: the unit did not change."
+            tail = " | ".join(self.result["log_tail"])
+            log = f" Server log {self.p['log']} ends with: {tail}" if self.p["log"] else ""
+            raise ServiceFailed(f"{str(exc).rstrip('.')}.{after}{log}") from exc
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    service = Service(module)
+    try:
+        service.run()
+    except ServiceFailed as exc:
+        module.fail_json(msg=str(exc), **service.result)
+    module.exit_json(**service.result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""sglang_service: the unit, the restart, the health wait and the gates in one call, rolled back on failure.
+
+systemd is a stand-in here (a `systemctl` on PATH whose restart makes the unit's text the running one); the server is
+a real HTTP server on loopback that serves what the running unit asks for: healthy or not, and an accept length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.modules import run_module
+
+SYSTEMCTL = r"""#!/bin/sh
+# systemctl as sglang_service calls it; state in $FAKE_SYSTEMD, units in $FAKE_UNIT_DIR
+echo "$*" >> "$FAKE_SYSTEMD/calls"
+[ "$1" = "--quiet" ] && shift
+case "$1" in
+  daemon-reload) exit 0 ;;
+  is-active) [ -f "$FAKE_SYSTEMD/running" ] ;;
+  is-enabled) [ -f "$FAKE_SYSTEMD/enabled" ] ;;
+  enable) touch "$FAKE_SYSTEMD/enabled" ;;
+  disable) rm -f "$FAKE_SYSTEMD/enabled"; [ "$2" = "--now" ] && rm -f "$FAKE_SYSTEMD/running"; exit 0 ;;
+  start|restart) unit="$2"; cp "$FAKE_UNIT_DIR/$unit" "$FAKE_SYSTEMD/running" ;;
+  stop) rm -f "$FAKE_SYSTEMD/running" ;;
+  *) echo "unknown: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def unit(draft: str, accept: float = 2.5, healthy: bool = True) -> str:
+    health = "ok" if healthy else "dead"
+    return (f"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --speculative-draft-model-path {draft} "
+            f"# accept={accept} health={health}\n")  # fmt: skip
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    state, units, bin_dir = tmp_path / "systemd", tmp_path / "units", tmp_path / "bin"
+    for d in (state, units, bin_dir):
+        d.mkdir()
+    (bin_dir / "systemctl").write_text(SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMD", str(state))
+    monkeypatch.setenv("FAKE_UNIT_DIR", str(units))
+
+    class Handler(BaseHTTPRequestHandler):
+        def running(self) -> str:
+            path = state / "running"
+            return path.read_text() if path.exists() else ""
+
+        def answer(self, code: int, body: object) -> None:
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def do_GET(self) -> None:
+            text = self.running()
+            if not text or "health=dead" in text:
+                self.answer(503, {"error": "not ready"})
+            elif self.path == "/health":
+                self.send_response(200)
+                self.end_headers()  # SGLang's /health: 200 and no body
+            elif self.path == "/get_server_info":
+                accept = float(re.search(r"accept=([\d.]+)", text).group(1))
+                self.answer(200, {"internal_states": [{"avg_spec_accept_length": accept}]})
+            else:
+                self.answer(404, {})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.answer(200, {"text": "x" * body["sampling_params"]["max_new_tokens"]})
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    log = tmp_path / "logs" / "sglang.log"
+    base = {"name": "sglang", "unit_dir": str(units), "url": f"http://127.0.0.1:{srv.server_port}", "log": str(log),
+            "health_timeout": 3, "health_interval": 0.05, "prompts": ["a"], "max_tokens": 3,
+            "min_accept_length": 1.05, "accept_context": "with the draft /d/new",
+            "accept_hint": "the draft's weights did not take effect."}  # fmt: skip
+    yield {"state": state, "unit": units / "sglang.service", "log": log, "args": base}
+    srv.shutdown()
+
+
+def calls(fake) -> list[str]:
+    path = fake["state"] / "calls"
+    lines = path.read_text().splitlines() if path.exists() else []
+    path.unlink(missing_ok=True)
+    return lines
+
+
+def test_a_first_install_writes_the_unit_restarts_waits_and_gates(fake, capsys):
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new")}, capsys=capsys)
+    assert not got.get("failed"), got.get("msg")
+    assert got["changed"] and got["unit_changed"] and got["started"] and got["rolled_back"] is None
+    assert fake["unit"].read_text() == unit("/d/new") and stat.S_IMODE(fake["unit"].stat().st_mode) == 0o644
+    assert fake["log"].parent.is_dir()  # the unit appends to a log in a directory that must exist
+    assert [c for c in calls(fake) if not c.startswith("is-")] == ["daemon-reload", "enable --quiet sglang.service",
+                                                                  "restart sglang.service"]  # fmt: skip
+    assert got["accept_length"] == 2.5 and [s["chars"] for s in got["smoke"]] == [3] and got["health_seconds"] >= 0
+    assert not [p for p in fake["unit"].parent.iterdir() if p.name != "sglang.service"]  # no temporary file left
+
+
+def test_the_same_unit_on_a_running_service_changes_nothing(fake, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/new")}, capsys=capsys)
+    calls(fake)
+    before = fake["unit"].stat().st_mtime_ns
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new")}, capsys=capsys)
+    assert not got.get("failed") and not got["changed"] and not got["started"]
+    assert fake["unit"].stat().st_mtime_ns == before
+    assert calls(fake) == ["is-active --quiet sglang.service", "is-enabled --quiet sglang.service"]
+    assert got["accept_length"] == 2.5  # the gates still answer for what is served
+
+
+def test_an_unchanged_unit_whose_service_stopped_is_started_not_rewritten(fake, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/new")}, capsys=capsys)
+    (fake["state"] / "running").unlink()
+    calls(fake)
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new")}, capsys=capsys)
+    assert not got.get("failed") and got["changed"] and got["started"] and not got["unit_changed"]
+    assert "start sglang.service" in calls(fake)
+
+
+def test_check_mode_reports_the_change_and_its_diff_and_touches_nothing(fake, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    calls(fake)
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new")}, check=True, diff=True,
+                     capsys=capsys)  # fmt: skip
+    assert not got.get("failed") and got["changed"] and got["started"]
+    assert got["diff"]["before"] == unit("/d/old") and got["diff"]["after"] == unit("/d/new")
+    assert fake["unit"].read_text() == unit("/d/old") and "/d/old" in (fake["state"] / "running").read_text()
+    assert all(c.startswith("is-") for c in calls(fake))
+
+
+def test_a_draft_under_the_gate_is_rolled_back_to_the_previous_unit(fake, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    fake["log"].write_text("".join(f"line {i}\n" for i in range(20)))
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new", accept=1.0)}, capsys=capsys)
+    assert got["failed"]
+    assert got["msg"].startswith("The server accepts 1.0 tokens per step with the draft /d/new (gate: above 1.05): "
+                                 "the draft's weights did not take effect. Rolled back to the previous unit "
+                                 "(previous service restored, healthy, draft /d/old).")  # fmt: skip
+    assert got["msg"].endswith(f"Server log {fake['log']} ends with: " + " | ".join(f"line {i}" for i in range(12, 20)))
+    assert fake["unit"].read_text() == unit("/d/old") and "/d/old" in (fake["state"] / "running").read_text()
+    assert got["restored_healthy"] is True
+
+
+def test_a_new_service_that_never_answers_is_stopped_and_removed(fake, capsys):
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new", healthy=False), "health_timeout": 1},
+                     capsys=capsys)  # fmt: skip
+    assert got["failed"] and "/health within 1 s" in got["msg"]
+    assert "Rolled back to the previous unit (no previous service: the new one was stopped and removed)." in got["msg"]
+    assert not fake["unit"].exists() and not (fake["state"] / "running").exists()
+    assert not (fake["state"] / "enabled").exists()
+
+
+def test_a_failure_without_a_unit_change_is_not_rolled_back(fake, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/new", accept=1.0), "min_accept_length": 0.5},
+               capsys=capsys)  # fmt: skip
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new", accept=1.0)}, capsys=capsys)
+    assert got["failed"] and "No rollback: the unit did not change." in got["msg"]
+    assert fake["unit"].read_text() == unit("/d/new", accept=1.0)
+
+
+def test_without_rollback_the_new_unit_stays(fake, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new", accept=1.0), "rollback": False},
+                     capsys=capsys)  # fmt: skip
+    assert got["failed"] and "Not rolled back (rollback is false)" in got["msg"]
+    assert fake["unit"].read_text() == unit("/d/new", accept=1.0)
+
+
+def test_the_module_documents_every_option(capsys):
+    import yaml
+
+    from tests.modules import load_module
+
+    mod = load_module("sglang_service")
+    documented = set(yaml.safe_load(mod.DOCUMENTATION)["options"])
+    assert documented == set(mod.ARGUMENT_SPEC), documented ^ set(mod.ARGUMENT_SPEC)
+    assert Path(mod.__file__).name == "sglang_service.py"

@@ -2,9 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A stage's fingerprint: digests of what it reads and writes, compared with the one kept after its last run.
 
-Pure functions, no Ansible imports. A fingerprint is a flat map ``{key: digest}``: ``var:NAME`` and
-``file:PATH`` come from the controller, ``stat:PATH`` and ``content:PATH`` from the host. Comparing two maps
-names what changed, so a stage that runs again says why.
+Standard library only: the action plugin runs a check on the host as a script (plugin_utils/_probe.py). A fingerprint
+is a flat map ``{key: digest}``: ``var:NAME`` and ``file:PATH`` come from the controller, ``stat:PATH`` and
+``content:PATH`` from the host. Comparing two maps names what changed, so a stage that runs again says why.
 """
 
 from __future__ import annotations
@@ -13,8 +13,29 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_named
+
+ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "stage": {"type": "str", "required": True},
+    "state": {"type": "str", "choices": ["check", "record"], "default": "check"},
+    "dir": {"type": "path", "default": "/var/lib/eagle3-ops/stamps"},
+    "vars": {"type": "list", "elements": "str", "default": []},
+    "exclude_vars": {"type": "list", "elements": "str", "default": []},
+    "controller_files": {"type": "list", "elements": "path", "default": []},
+    "controller": {"type": "dict", "default": {}},
+    "paths": {"type": "list", "elements": "path", "default": []},
+    "contents": {"type": "list", "elements": "path", "default": []},
+    "units": {"type": "list", "elements": "str", "default": []},
+    "urls": {"type": "list", "elements": "str", "default": []},
+    "router": {"type": "dict", "options": {"url": {"type": "str", "required": True},
+                                           "worker": {"type": "str", "required": True}}},
+    "timeout": {"type": "float", "default": 5},
+}  # fmt: skip
 
 # Directories are walked to this many entries at most: a store of millions of rows is fingerprinted by its
 # manifest files, never by listing it (a path that exceeds this is refused, not silently truncated).
@@ -94,3 +115,108 @@ def describe(keys: list[str], limit: int = 4) -> str:
     names = [k[4:] if k.startswith("var:") else k for k in keys]
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+class StampError(Exception):
+    pass
+
+
+class StageStamp:
+    """One stage's stamp on one host: the check; the record's write is the module's (StageStamp.write)."""
+
+    def __init__(self, params: dict[str, Any], check_mode: bool = False) -> None:
+        self.p = params
+        self.check_mode = check_mode
+        self.path = os.path.join(self.p["dir"], f"{self.p['stage']}.json")
+
+    def kept(self) -> dict[str, str] | None:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
+            return None  # absent or unreadable: the stage runs and writes a good one
+        keys = data.get("keys") if isinstance(data, dict) else None
+        return keys if isinstance(keys, dict) else None
+
+    def now(self) -> dict[str, str]:
+        keys = {str(k): str(v) for k, v in (self.p["controller"] or {}).items()}
+        try:
+            keys.update(host_digests(self.p["paths"], self.p["contents"]))
+        except ValueError as exc:
+            raise StampError(f"Cannot fingerprint the {self.p['stage']} stage: {exc}.") from exc
+        return keys
+
+    def _get(self, url: str) -> Any:
+        from urllib import request  # pylint: disable=import-outside-toplevel
+
+        # The host's own server and the lab's or the fleet's router: never through a proxy of the environment.
+        with request.build_opener(request.ProxyHandler({})).open(url, timeout=self.p["timeout"]) as resp:
+            raw = resp.read().decode("utf-8", "replace")
+        return json.loads(raw) if raw.strip().startswith(("{", "[")) else raw
+
+    def down(self) -> str:
+        """What must run and does not, or an empty string."""
+        for unit in self.p["units"]:
+            try:
+                proc = subprocess.run(["systemctl", "is-active", "--", unit], capture_output=True, text=True,
+                                      timeout=30, check=False)  # fmt: skip
+                rc, out = proc.returncode, proc.stdout
+            except (OSError, subprocess.SubprocessError) as exc:
+                rc, out = 1, f"unknown ({exc})"
+            if rc != 0:
+                return f"{unit} is {out.strip() or 'not active'}"
+        for url in self.p["urls"]:
+            try:
+                self._get(url)
+            except Exception as exc:  # any failure to answer means not converged, never a failed task
+                return f"{url} does not answer ({exc})"
+        router = self.p["router"]
+        if router:
+            try:
+                listed = self._get(router["url"].rstrip("/") + "/workers")
+            except Exception as exc:  # as above
+                return f"the router at {router['url']} does not answer ({exc})"
+            mine = worker_named(listed.get("workers") if isinstance(listed, dict) else None, router["worker"])
+            if mine is None or mine.get("is_healthy") is False:
+                return f"the router at {router['url']} does not list {router['worker']} as healthy"
+        return ""
+
+    def check(self) -> dict[str, Any]:
+        now, kept = self.now(), self.kept()
+        keys = changed_keys(kept or {}, now)
+        if kept is None:
+            reason = f"no stamp of a complete {self.p['stage']} run ({self.path})"
+        elif keys:
+            reason = "changed: " + describe(keys)
+        else:
+            reason = self.down()
+        return {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
+                "fingerprint": digest(now)}  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        now, kept = self.now(), self.kept()
+        keys = changed_keys(kept or {}, now)
+        before = digest(kept) if kept is not None else "absent"
+        out = {"changed": kept is None or bool(keys), "converged": True, "reason": "", "changed_keys": keys,
+               "fingerprint": digest(now),
+               "diff": {"before": before + "\n", "after": digest(now) + "\n", "before_header": self.path,
+                        "after_header": self.path}}  # fmt: skip
+        if out["changed"] and not self.check_mode:
+            self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
+        return out
+
+    def write(self, data: dict[str, Any]) -> None:
+        raise StampError(f"Cannot write the {self.p['stage']} stamp here: the stage_stamp module records it.")
+
+    def run(self) -> dict[str, Any]:
+        out = self.check() if self.p["state"] == "check" else self.record()
+        out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"])
+        return out
+
+
+def check(params: dict[str, Any]) -> dict[str, Any]:
+    """A stage's check (the action plugin's script on the host): the module's answer, or failed and its message."""
+    try:
+        return StageStamp({**params, "state": "check"}).run()
+    except StampError as exc:
+        return {"failed": True, "msg": str(exc)}

@@ -163,134 +163,31 @@ contents:
   elements: str
 """
 
-import json
 import os
-import time
-from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import open_url
-from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_named
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_json_atomic
-from ansible_collections.eagle3.ops.plugins.module_utils._stamp import (
-    changed_keys,
-    describe,
-    digest,
-    host_digests,
-)
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC, StageStamp, StampError
 
 
-class StageStamp:
-    """One stage's stamp on one host."""
+class ModuleStamp(StageStamp):
+    """The check (also the action plugin's script on the host) and the record, which writes the stamp."""
 
-    def __init__(self, module: AnsibleModule) -> None:
-        self.module = module
-        self.p = module.params
-        self.path = os.path.join(self.p["dir"], f"{self.p['stage']}.json")
-
-    def kept(self) -> dict[str, str] | None:
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except (OSError, ValueError):
-            return None  # absent or unreadable: the stage runs and writes a good one
-        keys = data.get("keys") if isinstance(data, dict) else None
-        return keys if isinstance(keys, dict) else None
-
-    def now(self) -> dict[str, str]:
-        keys = {str(k): str(v) for k, v in (self.p["controller"] or {}).items()}
-        try:
-            keys.update(host_digests(self.p["paths"], self.p["contents"]))
-        except ValueError as exc:
-            self.module.fail_json(msg=f"Cannot fingerprint the {self.p['stage']} stage: {exc}.")
-        return keys
-
-    def _get(self, url: str) -> Any:
-        with open_url(url, timeout=self.p["timeout"]) as resp:
-            raw = resp.read().decode("utf-8", "replace")
-        return json.loads(raw) if raw.strip().startswith(("{", "[")) else raw
-
-    def down(self) -> str:
-        """What must run and does not, or an empty string."""
-        for unit in self.p["units"]:
-            rc, out, _err = self.module.run_command(["systemctl", "is-active", "--", unit])
-            if rc != 0:
-                return f"{unit} is {out.strip() or 'not active'}"
-        for url in self.p["urls"]:
-            try:
-                self._get(url)
-            except Exception as exc:  # any failure to answer means not converged, never a failed task
-                return f"{url} does not answer ({exc})"
-        router = self.p["router"]
-        if router:
-            try:
-                listed = self._get(router["url"].rstrip("/") + "/workers")
-            except Exception as exc:  # as above
-                return f"the router at {router['url']} does not answer ({exc})"
-            mine = worker_named(listed.get("workers") if isinstance(listed, dict) else None, router["worker"])
-            if mine is None or mine.get("is_healthy") is False:
-                return f"the router at {router['url']} does not list {router['worker']} as healthy"
-        return ""
-
-    def check(self) -> dict[str, Any]:
-        now, kept = self.now(), self.kept()
-        keys = changed_keys(kept or {}, now)
-        if kept is None:
-            reason = f"no stamp of a complete {self.p['stage']} run ({self.path})"
-        elif keys:
-            reason = "changed: " + describe(keys)
-        else:
-            reason = self.down()
-        return {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
-                "fingerprint": digest(now)}  # fmt: skip
-
-    def record(self) -> dict[str, Any]:
-        now, kept = self.now(), self.kept()
-        keys = changed_keys(kept or {}, now)
-        before = digest(kept) if kept is not None else "absent"
-        out = {"changed": kept is None or bool(keys), "converged": True, "reason": "", "changed_keys": keys,
-               "fingerprint": digest(now),
-               "diff": {"before": before + "\n", "after": digest(now) + "\n", "before_header": self.path,
-                        "after_header": self.path}}  # fmt: skip
-        if out["changed"] and not self.module.check_mode:
-            self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
-        return out
-
-    def write(self, data: dict[str, Any]) -> None:
+    def write(self, data: dict) -> None:
         try:
             os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)
             write_json_atomic(self.path, data)
         except OSError as exc:
-            self.module.fail_json(msg=f"Cannot write the {self.p['stage']} stamp {self.path} ({exc}): free space "
-                                  f"in {self.p['dir']} or set another stamp directory.")  # fmt: skip
-
-    def run(self) -> dict[str, Any]:
-        out = self.check() if self.p["state"] == "check" else self.record()
-        out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"])
-        return out
+            raise StampError(f"Cannot write the {self.p['stage']} stamp {self.path} ({exc}): free space "
+                             f"in {self.p['dir']} or set another stamp directory.") from exc  # fmt: skip
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "stage": {"type": "str", "required": True},
-            "state": {"type": "str", "choices": ["check", "record"], "default": "check"},
-            "dir": {"type": "path", "default": "/var/lib/eagle3-ops/stamps"},
-            "vars": {"type": "list", "elements": "str", "default": []},
-            "exclude_vars": {"type": "list", "elements": "str", "default": []},
-            "controller_files": {"type": "list", "elements": "path", "default": []},
-            "controller": {"type": "dict", "default": {}},
-            "paths": {"type": "list", "elements": "path", "default": []},
-            "contents": {"type": "list", "elements": "path", "default": []},
-            "units": {"type": "list", "elements": "str", "default": []},
-            "urls": {"type": "list", "elements": "str", "default": []},
-            "router": {"type": "dict", "options": {"url": {"type": "str", "required": True},
-                                                   "worker": {"type": "str", "required": True}}},
-            "timeout": {"type": "float", "default": 5},
-        },
-        supports_check_mode=True,
-    )
-    module.exit_json(**StageStamp(module).run())
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        module.exit_json(**ModuleStamp(module.params, module.check_mode).run())
+    except StampError as exc:
+        module.fail_json(msg=str(exc))
 
 
 if __name__ == "__main__":

@@ -122,3 +122,30 @@ def test_an_interpreter_with_arguments_runs_the_script(tmp_path):
     args = {"nvidia_smi": fake_smi(tmp_path)}
     verbose, played = adhoc("eagle3.ops.eagle3_status", args, python="/usr/bin/env python3")
     assert "/usr/bin/env python3 - && sleep 0" in verbose and played["gpus_read"] is True
+
+
+def test_a_stage_check_is_the_script_and_a_record_is_the_module(tmp_path, capsys):
+    from tests.unit.plugins.modules.test_stage_stamp import serve, stage
+
+    server = serve({"/health": (200, {})})
+    try:
+        args = {**stage(tmp_path), "units": [], "urls": [f"http://127.0.0.1:{server.server_port}/health"]}
+        verbose, first = adhoc("eagle3.ops.stage_stamp", {**args, "state": "check"})
+        assert f"{sys.executable} - && sleep 0" in verbose and first["converged"] is False
+        assert first["reason"].startswith("no stamp of a complete deploy run")
+        verbose, kept = adhoc("eagle3.ops.stage_stamp", {**args, "state": "record"})
+        assert " - && sleep 0" not in verbose and kept["changed"] is True  # the record writes: the module itself
+        _, converged = adhoc("eagle3.ops.stage_stamp", {**args, "state": "check"})
+        module = run_module("stage_stamp", {**args, "state": "check"}, capsys=capsys)
+        module.pop("invocation", None)
+        assert converged["converged"] is True and {k: converged[k] for k in module} == module
+        # what the host reads - a path rewritten, the server gone - the script says as the module does
+        (tmp_path / "draft" / "model.safetensors").write_bytes(b"x" * 65)
+        _, moved = adhoc("eagle3.ops.stage_stamp", {**args, "state": "check"})
+        assert moved["converged"] is False and moved["changed_keys"] == [f"stat:{tmp_path / 'draft'}"]
+    finally:
+        server.shutdown()
+    record_again = run_module("stage_stamp", {**args, "state": "record"}, capsys=capsys)
+    assert record_again["changed"] is True
+    _, down = adhoc("eagle3.ops.stage_stamp", {**args, "state": "check"})
+    assert down["converged"] is False and down["reason"].startswith(f"{args['urls'][0]} does not answer")

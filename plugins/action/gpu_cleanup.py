@@ -6,6 +6,8 @@ host, and all it runs on a host with nothing to stop - is checked here and run o
 
 from __future__ import annotations
 
+from typing import Any
+
 from ansible_collections.eagle3.ops.plugins.module_utils._cleanup import ARGUMENT_SPEC
 from ansible_collections.eagle3.ops.plugins.plugin_utils._probe import ProbeAction
 
@@ -19,3 +21,8 @@ class ActionModule(ProbeAction):
 
     def probe_wanted(self) -> bool:
         return bool(self._play_context.check_mode)
+
+    def probe_modules(self, params: dict[str, Any]) -> tuple[str, ...]:
+        """The checkpoint guard's reader (_safetensors, the largest of the three) only where there are paths to guard:
+        most hosts of a fleet-wide cleanup have none, and each would compile it."""
+        return self.MODULES if params.get("require_paths") else tuple(m for m in self.MODULES if m != "_safetensors")

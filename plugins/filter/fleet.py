@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+ROLES = Path(__file__).resolve().parents[2] / "roles"
 
 # The variables that name a container's VMID for the pct connection (plugins/connection/pct.py) and for
 # community.proxmox's proxmox_pct_remote.
@@ -46,6 +54,56 @@ def vmid_conflicts(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> list[st
     return sentences
 
 
+def _plain(value: Any) -> Any:
+    """A templated value as plain Python types (the validator's messages name the type it got)."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return value
+
+
+def role_spec(role: str, entry: str = "main", roles: Path = ROLES) -> dict[str, Any]:
+    """The options of one entry point of one of the collection's roles (its meta/argument_specs.yml)."""
+    path = roles / role / "meta" / "argument_specs.yml"
+    try:
+        specs = yaml.safe_load(path.read_text(encoding="utf-8"))["argument_specs"]
+        return dict(specs[entry].get("options") or {})
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise AnsibleFilterError(f"role_arg_problems: no argument spec {entry!r} for the role {role} ({exc}).") from exc
+
+
+def role_arg_problems(hosts: Iterable[str], hostvars: Mapping[str, Any], role: str, current: Mapping[str, Any],
+                      entry: str = "main") -> list[str]:  # fmt: skip
+    """One sentence per problem with ``role``'s arguments on any of ``hosts``, checked on the controller in one task.
+
+    A role's argument validation is a task per host, paid by every host of a fleet-wide run. The values a host may
+    hold on its own come from the inventory (host and group variables), facts or extra variables: all in
+    ``hostvars``. Everything else - role defaults, play variables - is what the task itself sees (``current``, the
+    values of the role's variables for the host the task runs on). Each host is checked with its own values over
+    ``current``, against the role's argument spec, as validate_argument_spec does. For fleet entry points whose
+    role takes no parameters from the play (a parameter above the inventory's precedence would be read here as the
+    inventory's value).
+    """
+    options = role_spec(role, entry)
+    base = {name: _plain(value) for name, value in current.items() if name in options}
+    by_message: dict[str, list[str]] = {}
+    for host in hosts:
+        found = hostvars[host]
+        values = dict(base)
+        for name in options:
+            if name not in found:
+                continue
+            try:
+                values[name] = _plain(found[name])
+            except Exception as exc:  # a value that cannot be templated for this host
+                by_message.setdefault(f"{name} cannot be resolved ({exc})", []).append(host)
+        result = ArgumentSpecValidator(options).validate(values)
+        for message in result.error_messages:
+            by_message.setdefault(message, []).append(host)
+    return [f"{', '.join(names)}: {role}: {message}; fix it in the inventory or the extra variables."
+            for message, names in by_message.items()]  # fmt: skip
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"vmid_conflicts": vmid_conflicts}
+        return {"vmid_conflicts": vmid_conflicts, "role_arg_problems": role_arg_problems}

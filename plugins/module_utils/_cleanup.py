@@ -32,7 +32,6 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     unit_of,
     wait_gone,
 )
-from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import file_problem
 
 ARGUMENT_SPEC = {
     "gpus": {"type": "list", "elements": "str", "default": []},
@@ -178,6 +177,14 @@ class GpuCleanup:
             return
         paths = [p for p in self.p["require_paths"]
                  if not self.p["require_paths_optional"] or os.path.isdir(os.path.dirname(p))]  # fmt: skip
+        if not paths:
+            return
+        # Imported here: only a guard with paths reads a checkpoint, and a dry run's script ships what it imports
+        # (plugins/action/gpu_cleanup.py sends _safetensors only with require_paths).
+        from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (  # pylint: disable=import-outside-toplevel
+            file_problem,
+        )
+
         problems = [why for why in map(file_problem, paths) if why]
         if problems:
             self.fail(f"Refusing to stop {len(sel.holders)} GPU holders: {'; '.join(problems)}; the job may still be "

@@ -159,6 +159,11 @@ class ProbeAction(ActionBase):
     def probe_wanted(self) -> bool:
         return True
 
+    def probe_modules(self, params: dict[str, Any]) -> tuple[str, ...]:
+        """The module_utils this call's script needs (dependencies first); a subclass may leave out what the
+        arguments do not use."""
+        return self.MODULES
+
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
@@ -168,7 +173,7 @@ class ProbeAction(ActionBase):
             if params is None:
                 result.update(failed=True, msg=f"{self.MODULE.rsplit('.', 1)[-1]}: {error}")
                 return result
-            answer = run(self, task_vars, self.MODULES, self.ENTRY[0], self.ENTRY[1], params,
+            answer = run(self, task_vars, self.probe_modules(params), self.ENTRY[0], self.ENTRY[1], params,
                          path_options(self.SPEC))
         if answer is None:
             answer = self._execute_module(module_name=self.MODULE, module_args=self._task.args, task_vars=task_vars)

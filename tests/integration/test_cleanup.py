@@ -50,6 +50,23 @@ def test_fleet_cleanup_check_mode_then_real_then_idempotent(clean_lab):
     assert "ct129: holders=0 signalled=0 killed=0 survivors=0 freed=0 MiB" in again.stdout
 
 
+
+def test_a_host_whose_cleanup_is_refused_is_named_and_the_others_are_cleaned(clean_lab):
+    # The checkpoint guard refuses on ct129 (its required file is missing) and passes on ct130: the run goes on for
+    # ct130, the summary names both, and only ct129 fails (the converged hosts' path ends without a task each).
+    start_job(129, "0")
+    start_job(130, "0")
+    pct("exec", "130", "--", "sh", "-c", "mkdir -p /root/guard && echo '{}' > /root/guard/done.json")
+    try:
+        proc = run_playbook("cleanup.yml", "-e", '{"gpu_cleanup_require_paths": ["/root/guard/done.json"]}', "-e",
+                            "gpu_cleanup_grace=2", check=False)  # fmt: skip
+    finally:
+        pct("exec", "130", "--", "rm", "-rf", "/root/guard")
+    counts = recap(proc.stdout)
+    assert counts["ct129"]["failed"] == 1 and counts["ct130"]["failed"] == 0, proc.stdout[-3000:]
+    assert "ct129: FAILED Refusing to stop" in proc.stdout and "ct130: holders=" in proc.stdout
+    assert memory(129)[0] >= 30000 and memory(130)[0] < 100
+
 def test_a_stopped_container_is_reported_and_the_other_cleaned(clean_lab):
     start_job(129, "0-1")
     pct("stop", "130")

@@ -149,3 +149,12 @@ def test_a_stage_check_is_the_script_and_a_record_is_the_module(tmp_path, capsys
     assert record_again["changed"] is True
     _, down = adhoc("eagle3.ops.stage_stamp", {**args, "state": "check"})
     assert down["converged"] is False and down["reason"].startswith(f"{args['urls'][0]} does not answer")
+
+
+def test_a_dry_run_ships_the_checkpoint_reader_only_to_guard_paths():
+    from ansible_collections.eagle3.ops.plugins.action.gpu_cleanup import ActionModule
+
+    action = ActionModule.__new__(ActionModule)
+    assert action.probe_modules({"require_paths": []}) == ("_gpu", "_cleanup")
+    guarded = action.probe_modules({"require_paths": ["/srv/run/model.safetensors"]})
+    assert guarded == ("_gpu", "_safetensors", "_cleanup")

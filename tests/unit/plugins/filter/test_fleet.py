@@ -109,3 +109,22 @@ all:
     assert proc.returncode == 2, out[-3000:]
     assert "a, b all name VMID 180 (on nodes pve1, pve2): a VMID is one container in a Proxmox cluster" in out
     assert "Converge the container" not in out
+
+
+def test_a_roles_arguments_are_checked_for_every_host_in_one_pass():
+    from ansible_collections.eagle3.ops.plugins.filter.fleet import role_arg_problems
+
+    # what the task sees (the role's defaults) for every host, and each host's own inventory values over it
+    current = {"gpu_cleanup_grace": 10, "gpu_cleanup_timeout": 30, "gpu_cleanup_gpus": [], "not_an_option": "x"}
+    hostvars = {"a": {"gpu_cleanup_grace": "soon"}, "b": {"gpu_cleanup_grace": "later", "pct_vmid": 1},
+                "c": {"gpu_cleanup_timeout": 5}, "d": {}}  # fmt: skip
+    problems = role_arg_problems(["a", "b", "c", "d"], hostvars, "gpu_cleanup", current)
+    assert len(problems) == 1
+    assert problems[0].startswith("a, b: gpu_cleanup: argument 'gpu_cleanup_grace' is of type str")
+    assert "<class 'str'>" in problems[0] and problems[0].endswith("fix it in the inventory or the extra variables.")
+    assert role_arg_problems(["c", "d"], hostvars, "gpu_cleanup", current) == []
+    # a value the task itself sees wrong (a default, an extra variable) is every host's problem
+    wrong = role_arg_problems(["c", "d"], hostvars, "gpu_cleanup", {**current, "gpu_cleanup_force": "maybe"})
+    assert wrong[0].startswith("c, d: gpu_cleanup: argument 'gpu_cleanup_force' is of type str")
+    with pytest.raises(Exception, match="no argument spec 'main' for the role no_such_role"):
+        role_arg_problems(["d"], hostvars, "no_such_role", current)

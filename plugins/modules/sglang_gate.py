@@ -13,8 +13,8 @@ description:
     first that does not answer 200 with a generated text, naming it; then reads the server info from the first of
     C(info_paths) that answers 200 (SGLang 0.5.23 serves C(/get_server_info); C(/server_info) is its newer name) and
     returns the average speculative accept length SGLang reports in C(internal_states).
-  - One module call instead of one request per task, so a setting switch or a rollout pays one round trip for its
-    gates; the accept-length gate itself stays a task of the role (its message names the draft).
+  - One module call instead of one request per task. The gates of an already running server; after a restart,
+    eagle3.ops.sglang_service sends the same requests in its own call and gates the accept length.
 version_added: "0.3.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
@@ -22,24 +22,8 @@ options:
     description: Base URL of the server, as the serving host reaches it (for instance C(http://127.0.0.1:30000)).
     type: str
     required: true
-  prompts:
-    description: The smoke prompts; empty sends none and only reads the server info.
-    type: list
-    elements: str
-    default: []
-  max_tokens:
-    description: C(max_new_tokens) of each smoke request.
-    type: int
-    default: 64
-  timeout:
-    description: Seconds each request may take.
-    type: float
-    default: 300
-  info_paths:
-    description: Where to read the server info, tried in order; the first that answers 200 with JSON wins.
-    type: list
-    elements: str
-    default: [get_server_info, server_info]
+extends_documentation_fragment:
+  - eagle3.ops.gate
 attributes:
   check_mode:
     description: Sends nothing in check mode (a server that check mode did not start cannot be asked).

@@ -67,24 +67,8 @@ options:
     description: Whether a failure after a unit change puts the previous unit back.
     type: bool
     default: true
-  prompts:
-    description: The smoke prompts sent to C(/generate) after the health wait; empty sends none.
-    type: list
-    elements: str
-    default: []
-  max_tokens:
-    description: C(max_new_tokens) of each smoke request.
-    type: int
-    default: 64
-  timeout:
-    description: Seconds each smoke request or server-info read may take.
-    type: float
-    default: 300
-  info_paths:
-    description: Where to read the server info, tried in order (SGLang 0.5.23 serves C(/get_server_info)).
-    type: list
-    elements: str
-    default: [get_server_info, server_info]
+extends_documentation_fragment:
+  - eagle3.ops.gate
 attributes:
   check_mode:
     description: Reports whether the unit would change or the service would start, and the unit's diff; touches nothing.

@@ -183,10 +183,12 @@ def test_without_rollback_the_new_unit_stays(fake, capsys):
 
 def test_the_module_documents_every_option(capsys):
     import yaml
+    from ansible_collections.eagle3.ops.plugins.doc_fragments.gate import ModuleDocFragment
 
     from tests.modules import load_module
 
     mod = load_module("sglang_service")
-    documented = set(yaml.safe_load(mod.DOCUMENTATION)["options"])
+    documented = set(yaml.safe_load(mod.DOCUMENTATION)["options"]) | set(
+        yaml.safe_load(ModuleDocFragment.DOCUMENTATION)["options"])
     assert documented == set(mod.ARGUMENT_SPEC), documented ^ set(mod.ARGUMENT_SPEC)
     assert Path(mod.__file__).name == "sglang_service.py"

@@ -29,11 +29,9 @@ class GateError(Exception):
 
 def request(url: str, timeout: float, body: dict[str, Any] | None = None) -> Any:
     """GET (or POST ``body`` as JSON) one URL of a server and return its JSON answer."""
-    if body is None:
-        with open_url(url, timeout=timeout) as resp:
-            return json.loads(resp.read().decode("utf-8", "replace"))
-    with open_url(url, method="POST", data=json.dumps(body), headers={"Content-Type": "application/json"},
-                  timeout=timeout) as resp:  # fmt: skip
+    data = None if body is None else json.dumps(body)
+    headers = {} if body is None else {"Content-Type": "application/json"}
+    with open_url(url, method="GET" if body is None else "POST", data=data, headers=headers, timeout=timeout) as resp:
         return json.loads(resp.read().decode("utf-8", "replace"))
 
 

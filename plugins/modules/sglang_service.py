@@ -140,12 +140,12 @@ log_tail:
 
 import os
 import re
-import tempfile
 import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._gate import GATE_SPEC, Gate, GateError, answers
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_lines_atomic
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "required": True},
@@ -194,18 +194,9 @@ class Service:
             return None
 
     def write(self, text: str) -> None:
-        """The unit complete or not at all: a temporary file in the same directory, renamed over it."""
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.unit}.", dir=self.p["unit_dir"])
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
-            self.module.atomic_move(tmp, self.path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        """The unit complete or not at all (the project's atomic writer: a temporary beside it, renamed over it)."""
+        write_lines_atomic(self.path, [text])
+        os.chmod(self.path, 0o644)
 
     def healthy(self, timeout: float) -> float | None:
         """Seconds until /health answered 200, or None after ``timeout``."""

@@ -14,7 +14,6 @@ import json
 import os
 import stat
 import subprocess
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -122,11 +121,10 @@ class StampError(Exception):
 
 
 class StageStamp:
-    """One stage's stamp on one host: the check; the record's write is the module's (StageStamp.write)."""
+    """One stage's stamp on one host: the check (the module records: plugins/modules/stage_stamp.py)."""
 
-    def __init__(self, params: dict[str, Any], check_mode: bool = False) -> None:
+    def __init__(self, params: dict[str, Any]) -> None:
         self.p = params
-        self.check_mode = check_mode
         self.path = os.path.join(self.p["dir"], f"{self.p['stage']}.json")
 
     def kept(self) -> dict[str, str] | None:
@@ -194,19 +192,8 @@ class StageStamp:
                 "fingerprint": digest(now)}  # fmt: skip
 
     def record(self) -> dict[str, Any]:
-        now, kept = self.now(), self.kept()
-        keys = changed_keys(kept or {}, now)
-        before = digest(kept) if kept is not None else "absent"
-        out = {"changed": kept is None or bool(keys), "converged": True, "reason": "", "changed_keys": keys,
-               "fingerprint": digest(now),
-               "diff": {"before": before + "\n", "after": digest(now) + "\n", "before_header": self.path,
-                        "after_header": self.path}}  # fmt: skip
-        if out["changed"] and not self.check_mode:
-            self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
-        return out
-
-    def write(self, data: dict[str, Any]) -> None:
-        raise StampError(f"Cannot write the {self.p['stage']} stamp here: the stage_stamp module records it.")
+        """The stage's record; the stage_stamp module's (it writes the stamp)."""
+        raise StampError(f"Cannot record the {self.p['stage']} stamp here: the stage_stamp module records it.")
 
     def run(self) -> dict[str, Any]:
         out = self.check() if self.p["state"] == "check" else self.record()

@@ -164,14 +164,37 @@ contents:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_json_atomic
-from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC, StageStamp, StampError
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import (
+    ARGUMENT_SPEC,
+    StageStamp,
+    StampError,
+    changed_keys,
+    digest,
+)
 
 
 class ModuleStamp(StageStamp):
     """The check (also the action plugin's script on the host) and the record, which writes the stamp."""
+
+    def __init__(self, params: dict, check_mode: bool) -> None:
+        super().__init__(params)
+        self.check_mode = check_mode
+
+    def record(self) -> dict:
+        now, kept = self.now(), self.kept()
+        keys = changed_keys(kept or {}, now)
+        before = digest(kept) if kept is not None else "absent"
+        out = {"changed": kept is None or bool(keys), "converged": True, "reason": "", "changed_keys": keys,
+               "fingerprint": digest(now),
+               "diff": {"before": before + "\n", "after": digest(now) + "\n", "before_header": self.path,
+                        "after_header": self.path}}  # fmt: skip
+        if out["changed"] and not self.check_mode:
+            self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
+        return out
 
     def write(self, data: dict) -> None:
         try:

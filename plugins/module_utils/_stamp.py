@@ -73,16 +73,23 @@ def _entry(path: str, st: os.stat_result) -> list[Any]:
 
 
 def tree_digest(root: str, max_entries: int = MAX_ENTRIES) -> str:
-    """A digest of every entry under ``root`` (type, size, mtime, inode; contents not read), or ``absent``.
+    """A digest of every entry under ``root`` (type, size, mtime, inode; contents not read), or ``absent``. A root
+    that is a symbolic link is followed: the link and what it points at both count (entries below are not followed).
 
     Rewriting a file in place changes its mtime; replacing it changes its inode: both change the digest. A file
     added or removed changes the listing; a lock file that came and went (and the directory mtime it moved) does not.
     """
+    rows: list[list[Any]] = []
     try:
         top = os.lstat(root)
+        if stat.S_ISLNK(top.st_mode):
+            # A link to what is used (checkpoint_best -> 14): the link names the target, and the target is what
+            # changes when a file is rewritten in place there.
+            rows.append([".", "link", os.readlink(root), top.st_ino])
+            top = os.stat(root)
     except FileNotFoundError:
-        return "absent"
-    rows = [_entry(".", top)]
+        return digest([*rows, ["absent"]]) if rows else "absent"
+    rows.append(_entry(".", top))
     if stat.S_ISDIR(top.st_mode):
         for base, dirs, files in os.walk(root):
             dirs[:] = sorted(d for d in dirs if d not in SKIP_NAMES)

@@ -159,6 +159,34 @@ def test_a_directory_too_large_to_list_is_refused_with_its_fix(tmp_path, capsys,
     assert stamp.describe(["var:a", "var:b", "stat:/c", "var:d", "var:e"]) == "a, b, stat:/c, d and 1 more"
 
 
+def test_a_linked_root_is_followed_where_a_file_is_rewritten_in_place(tmp_path):
+    """checkpoint_best -> 14: the deploy's fingerprint sees a file of epoch 14 rewritten, the link moved to another
+    epoch, and a link whose target is gone."""
+    import os
+    import time
+
+    from tests.modules import module_utils
+
+    stamp = module_utils("_stamp")
+    for epoch in ("13", "14"):
+        (tmp_path / epoch).mkdir()
+        (tmp_path / epoch / "config.json").write_text("{}")
+    best = tmp_path / "checkpoint_best"
+    best.symlink_to("14")
+    before = stamp.tree_digest(str(best))
+    assert before == stamp.tree_digest(str(best))  # stable
+    later = time.time() + 5
+    os.utime(tmp_path / "14" / "config.json", (later, later))  # rewritten in place: its mtime moves
+    touched = stamp.tree_digest(str(best))
+    assert touched != before
+    best.unlink()
+    best.symlink_to("13")
+    assert stamp.tree_digest(str(best)) not in (before, touched)
+    best.unlink()
+    best.symlink_to("gone")
+    assert stamp.tree_digest(str(best)) not in ("absent", before, touched)
+
+
 def test_the_collection_digest_follows_its_files_and_ignores_bytecode(tmp_path):
     import importlib
 

@@ -188,6 +188,18 @@ def test_serve_asks_each_verdict_once_per_inputs_and_keeps_only_what_passed(mode
     assert (rc, out["judged"], out["kept"]) == (0, [], [])
 
 
+def test_serve_asks_both_verdicts_at_once_and_keeps_the_one_that_passed(model_dirs, tmp_path):
+    """A first deploy asks about the command line and the draft together (two processes at once); the draft here has
+    no weights, so its load is refused and named, while the command line's verdict, which passed, is kept."""
+    kept = tmp_path / "verdicts"
+    good = ["--model-path", str(model_dirs["target"]), "--device", "cpu",
+            "--speculative-draft-model-path", str(model_dirs["draft"]), *_raw_argv(4, 1, 3)]  # fmt: skip
+    rc, out = judge("serve", "--verdicts", str(kept), "--draft", str(model_dirs["draft"]), "--", *good)
+    assert rc != 0 and out["failed"] == "load" and out["judged"] == ["args", "load"], out
+    assert out["args"]["ok"] and not out["load"]["ok"]
+    assert [p.name.split("-")[0] for p in kept.iterdir()] == ["args"]
+
+
 # ---------------------------------------------------------------- weights
 
 

@@ -373,6 +373,23 @@ def _files(draft: str) -> list[dict[str, Any]]:
     return out
 
 
+def _ask(argv: list[str]) -> subprocess.Popen[str]:
+    """One verdict in a process of its own (SGLang's imports and process groups stay out of this one)."""
+    return subprocess.Popen([sys.executable, "-m", "sglang_check.judge", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
+
+
+def _verdict(kind: str, proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any]]:
+    out, err = proc.communicate()
+    code = proc.returncode if proc.returncode in (0, 1) else 2
+    try:
+        return code, json.loads(out.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return 2, {"ok": False, "error": f"the {kind} check could not run (exit {proc.returncode}): "
+                                         f"{(err.strip().splitlines() or ['no output'])[-1]}"}  # fmt: skip
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     sglang = _sglang_version()
     asked: dict[str, tuple[str, list[str]]] = {}
@@ -382,29 +399,28 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         asked["load"] = ("load-" + _digest({"draft": ns.draft, "files": _files(ns.draft), "sglang": sglang}),
                          ["load", ns.draft])  # fmt: skip
     result: dict[str, Any] = {"ok": True, "sglang": sglang, "judged": [], "kept": []}
+    # The verdicts not kept are asked at once, each in its own process: importing SGLang is most of each one's time
+    # (a first deploy asks both); they are read, and refusals named, in the same order as before (args, then load).
+    running = {}
     for kind, (name, argv) in asked.items():
-        stamp = os.path.join(ns.verdicts, name)
-        if os.path.exists(stamp):
+        if os.path.exists(os.path.join(ns.verdicts, name)):
             result["kept"].append(kind)
-            continue
-        proc = subprocess.run([sys.executable, "-m", "sglang_check.judge", *argv], capture_output=True, text=True,
-                              check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
-        code = proc.returncode if proc.returncode in (0, 1) else 2
-        try:
-            verdict = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            code = 2
-            verdict = {"ok": False, "error": f"the {kind} check could not run (exit {proc.returncode}): "
-                                             f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}  # fmt: skip
+        else:
+            running[kind] = _ask(argv)
+    failed: tuple[str, int] | None = None
+    for kind, proc in running.items():
+        code, verdict = _verdict(kind, proc)
         result[kind] = verdict
         result["judged"].append(kind)
         if code != 0 or not verdict.get("ok"):
-            result.update(ok=False, failed=kind)
-            return _emit(result, code or 1)
-        if ns.keep:
+            failed = failed or (kind, code or 1)  # the first in order is the one named
+        elif ns.keep:  # a verdict that passed is kept; a refusal never is (the next run asks again)
             os.makedirs(ns.verdicts, exist_ok=True)
-            with open(stamp, "a", encoding="utf-8"):
+            with open(os.path.join(ns.verdicts, asked[kind][0]), "a", encoding="utf-8"):
                 pass
+    if failed:
+        result.update(ok=False, failed=failed[0])
+        return _emit(result, failed[1])
     return _emit(result, 0)
 
 

@@ -96,6 +96,27 @@ def test_an_identical_redeploy_changes_nothing(deployed):
     assert server_info()["speculative_num_draft_tokens"] == 16
 
 
+def test_a_setting_switch_goes_from_the_gpus_to_the_judge_and_the_service(deployed):
+    # Only draft_tokens differs from the last complete deploy: the runtimes, the export and the payload are as that
+    # deploy left them (its fingerprint covers their files), so none of their steps runs.
+    proc = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=10", "-v", timeout=600)
+    out = flat(proc.stdout)
+    assert "deploy on ct130: runs (changed: draft_tokens" in out, out[-3000:]
+    assert "a setting switch: the runtimes, the export and the payload stay as that run left them" in out
+    starred = re.sub(r"\*+", "*", out)
+    for step in ("Export the speculators checkpoint for SGLang and verify the draft",
+                 "Read the installed payload's stamp", "Compare the fingerprint with the last complete run's: runtime"):
+        assert f"{step}] *" not in starred or f"{step}] * skipping" in starred, step
+    assert server_info()["speculative_num_draft_tokens"] == 10
+    # An input that is not a setting (the checkpoint the draft is exported from) sends the run down the whole path.
+    ct("touch", f"{CHECKPOINT}/config.json")
+    proc = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=16", timeout=600)
+    out = flat(proc.stdout)
+    assert "a setting switch" not in out and f"stat:{CHECKPOINT}" in out, out[-3000:]
+    assert "Export the speculators checkpoint for SGLang and verify the draft" in out
+    assert server_info()["speculative_num_draft_tokens"] == 16
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [("0", "draft_tokens is 0"), ("-3", "draft_tokens is -3"), ("1.5", "must be an integer, got '1.5'"),

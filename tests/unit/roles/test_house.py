@@ -17,7 +17,7 @@ IMPORTS = {"ansible.builtin.import_role", "ansible.builtin.include_role"}
 # What a preflight may do: look and decide. Commands only read (changed_when: false).
 READ_ONLY = {"ansible.builtin.assert", "ansible.builtin.fail", "ansible.builtin.stat", "ansible.builtin.slurp",
              "ansible.builtin.set_fact", "ansible.builtin.debug", "ansible.builtin.uri", "ansible.builtin.import_tasks",
-             "ansible.builtin.command"}  # fmt: skip
+             "ansible.builtin.command", "ansible.builtin.raw"}  # fmt: skip
 KEYWORDS = {"name", "when", "tags", "vars", "register", "changed_when", "failed_when", "check_mode", "loop",
             "loop_control", "until", "retries", "delay", "run_once", "delegate_to", "no_log", "become", "block",
             "rescue", "always", "ignore_errors", "notify", "environment", "args"}  # fmt: skip
@@ -54,7 +54,7 @@ def test_preflight_only_looks(path: Path):
     for task in _tasks(yaml.safe_load(path.read_text())):
         action = _action(task)
         assert action in READ_ONLY, f"{path.parts[-3]} preflight changes the host: {task.get('name')} ({action})"
-        if action == "ansible.builtin.command":
+        if action in ("ansible.builtin.command", "ansible.builtin.raw"):
             assert task.get("changed_when") is False, f"{path.parts[-3]}: {task.get('name')} may change something"
         if action == "ansible.builtin.uri":
             assert task[action].get("method", "GET") == "GET"
@@ -69,7 +69,7 @@ def _homes(pattern: str) -> set[str]:
     (r"systemd-run", {"roles/eagle3_common/tasks/unit_start.yml"}),
     (r"urllib\.request\.urlopen", {"roles/eagle3_common/tasks/unit_health.yml"}),
     (r"-p ActiveState -p Result", {"roles/eagle3_common/tasks/unit_wait.yml"}),
-    (r"--query-gpu=\{\{|memory\.used", {"roles/gpu_facts/tasks/gather.yml"}),
+    (r"--query-gpu=' ~|memory\.used", {"roles/gpu_facts/tasks/gather.yml"}),
     (r"-m, venv|'venv'", {"roles/pinned_venv/tasks/main.yml"}),
     (r"cleanup_summary\.j2", {"roles/gpu_cleanup/tasks/fleet.yml"}),
 ], ids=["transient unit", "health wait", "job wait", "nvidia-smi query", "venv build", "cleanup summary"])  # fmt: skip

@@ -198,12 +198,8 @@ class StageStamp:
         return {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
                 "fingerprint": digest(now)}  # fmt: skip
 
-    def record(self) -> dict[str, Any]:
-        """The stage's record; the stage_stamp module's (it writes the stamp)."""
-        raise StampError(f"Cannot record the {self.p['stage']} stamp here: the stage_stamp module records it.")
-
-    def run(self) -> dict[str, Any]:
-        out = self.check() if self.p["state"] == "check" else self.record()
+    def answer(self, out: dict[str, Any]) -> dict[str, Any]:
+        """``out`` with what a record of this run needs (the check's inputs, read back by stamp_record.yml)."""
         out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"])
         return out
 
@@ -211,6 +207,7 @@ class StageStamp:
 def check(params: dict[str, Any]) -> dict[str, Any]:
     """A stage's check (the action plugin's script on the host): the module's answer, or failed and its message."""
     try:
-        return StageStamp({**params, "state": "check"}).run()
+        stamp = StageStamp({**params, "state": "check"})
+        return stamp.answer(stamp.check())
     except StampError as exc:
         return {"failed": True, "msg": str(exc)}

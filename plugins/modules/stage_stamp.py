@@ -196,6 +196,9 @@ class ModuleStamp(StageStamp):
             self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
         return out
 
+    def run(self) -> dict:
+        return self.answer(self.check() if self.p["state"] == "check" else self.record())
+
     def write(self, data: dict) -> None:
         try:
             os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)

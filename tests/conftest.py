@@ -88,12 +88,16 @@ def ansible_env(**extra: str) -> dict[str, str]:
 
 
 def run_playbook(
-    playbook: str | Path, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: int = 1200
+    playbook: str | Path, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: int = 1200,
+    build_lock: bool | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """ansible-playbook from the repository root, as a user runs it; JSON-lines-free plain output."""
+    """ansible-playbook from the repository root, as a user runs it; JSON-lines-free plain output. lab.yml waits for
+    the other lab's build (lab_build_lock) unless build_lock=False: a run that only restarts a lab's own hop shares
+    nothing with the other's build."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), str(playbook), *args]
     started = time.monotonic()
-    with lab_build_lock() if Path(playbook).name == "lab.yml" else contextlib.nullcontext():
+    locked = Path(playbook).name == "lab.yml" if build_lock is None else build_lock
+    with lab_build_lock() if locked else contextlib.nullcontext():
         proc = subprocess.run(
             cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout, check=False
         )

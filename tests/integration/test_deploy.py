@@ -218,12 +218,15 @@ def test_the_served_draft_sees_the_layers_it_was_trained_on(deployed):
 
 
 def test_bench_sweeps_and_writes_the_report(deployed):
-    proc = run_playbook(ROOT / "bench.yml", timeout=1800)
+    # Two draft settings of the default three: the sweep, its order (largest last) and the report are the same for any
+    # number of them (given largest first, they still run largest last), and each setting is a restart and a
+    # measurement (about 80 s here).
+    proc = run_playbook(ROOT / "bench.yml", "-e", '{"bench_draft_tokens": [16, 5]}', timeout=1800)
     assert recap(proc.stdout)["ct130"]["failed"] == 0
     report_dir = Path(re.search(r"Report: (\S+)", proc.stdout).group(1).rstrip("'\","))
     data = json.loads((report_dir / "bench.json").read_text())
     labels = {(p["label"], p["max_concurrency"]) for p in data["points"]}
-    assert labels == {(label, c) for label in ("baseline", "5", "10", "16") for c in (1, 4)}
+    assert labels == {(label, c) for label in ("baseline", "5", "16") for c in (1, 4)}
     for p in data["points"]:
         assert p["completed"] == 12 and p["output_throughput"] > 0
         if p["draft_tokens"]:
@@ -235,7 +238,7 @@ def test_bench_sweeps_and_writes_the_report(deployed):
     assert {p["engine"] for p in data["points"] if p["label"] != "baseline"} == {"reference"}
     assert "| 16 | reference | 1 |" in (report_dir / "bench.md").read_text()
     assert "| baseline | sglang | 1 |" in (report_dir / "bench.md").read_text()
-    assert len(data["points"]) == 2 * 5
+    assert len(data["points"]) == 2 * 4
     assert (report_dir / "bench.png").read_bytes()[:4] == b"\x89PNG"
     # the sweep ends where deploy.yml's default leaves the service
     assert server_info()["speculative_num_draft_tokens"] == 16

@@ -287,3 +287,19 @@ def test_lab_up_without_root_is_refused(lab, tmp_path):
     proc = run_playbook("lab.yml", "-i", str(inv), "--tags", "lab_host_preflight", check=False)
     assert proc.returncode != 0
     assert "The lab needs root on this machine" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_wheel_that_cannot_be_downloaded_is_named_and_nothing_is_stamped(tmp_path):
+    # The download runs in the background while the template builds; its failure still stops the run, in one
+    # sentence naming pip's reason and where the pins come from, and leaves no stamp that a rerun would trust.
+    wheelhouse = tmp_path / "wheelhouse"
+    proc = run_playbook("lab.yml", "--tags", "lab_host_wheelhouse", "-e",
+                        f'{{"lab_host_wheelhouse": "{wheelhouse}", "lab_host_share": "{tmp_path / "share"}", '
+                        '"lab_host_wheelhouse_requirements": [], '
+                        '"lab_host_wheelhouse_packages": ["eagle3-ops-no-such-package==9.9"]}', check=False,
+                        build_lock=False)  # a wheelhouse of its own: nothing the other lab's build uses  # fmt: skip
+    assert proc.returncode != 0
+    text = " ".join(proc.stdout.split())
+    assert (f"Downloading the containers' wheels into {wheelhouse} failed (ERROR: No matching distribution found for "
+            "eagle3-ops-no-such-package==9.9): check this host's package index") in text, proc.stdout[-3000:]
+    assert not (wheelhouse / ".stamp").exists()

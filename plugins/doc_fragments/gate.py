@@ -10,12 +10,22 @@ class ModuleDocFragment:
     DOCUMENTATION = r"""
 options:
   prompts:
-    description: The smoke prompts posted to the server's C(/generate), in order; empty sends none.
+    description: The smoke prompts, sent in order through O(api); empty sends none.
     type: list
     elements: str
     default: []
+  api:
+    description:
+      - How each smoke prompt reaches the server. V(chat) posts it as a user message to C(/v1/chat/completions), where
+        the server applies the model's chat template as a user's client does; V(generate) posts the bare text to
+        SGLang's C(/generate) (a base model without a chat template).
+      - A chat model may answer a bare text with its end token at once; a speculative server then verifies no draft
+        and reports no accept length.
+    type: str
+    choices: [chat, generate]
+    default: chat
   max_tokens:
-    description: C(max_new_tokens) of each smoke request.
+    description: The most tokens each smoke reply may have (C(max_tokens), C(max_new_tokens) for V(generate)).
     type: int
     default: 64
   timeout:

@@ -17,6 +17,7 @@ from ansible_collections.eagle3.ops.plugins.module_utils._serving import reporte
 # server info is read.
 GATE_SPEC: dict[str, dict[str, Any]] = {
     "prompts": {"type": "list", "elements": "str", "default": []},
+    "api": {"type": "str", "choices": ["chat", "generate"], "default": "chat"},
     "max_tokens": {"type": "int", "default": 64, "no_log": False},  # a count, not a secret
     "timeout": {"type": "float", "default": 300},
     "info_paths": {"type": "list", "elements": "str", "default": ["get_server_info", "server_info"]},
@@ -52,25 +53,63 @@ class Gate:
         self.base = params["url"].rstrip("/")
 
     def smoke(self) -> list[dict[str, Any]]:
+        chat = self.p["api"] == "chat"
+        prompts, where = self.p["prompts"], f"{self.base}/{'v1/chat/completions' if chat else 'generate'}"
         done: list[dict[str, Any]] = []
-        prompts, where = self.p["prompts"], f"{self.base}/generate"
         for i, prompt in enumerate(prompts, 1):
-            body = {"text": prompt, "sampling_params": {"max_new_tokens": self.p["max_tokens"], "temperature": 0}}
             started = time.monotonic()
             try:
-                answer = request(where, self.p["timeout"], body)
+                answer = request(where, self.p["timeout"], self.body(prompt))
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode("utf-8", "replace")[:300] if exc.fp else ""
                 raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered HTTP "
                                 f"{exc.code} {detail}".rstrip()) from exc  # fmt: skip
             except (OSError, urllib.error.URLError, ValueError) as exc:
                 raise GateError(f"the smoke request {i} of {len(prompts)} to {where} failed: {exc}") from exc
-            text = answer.get("text") if isinstance(answer, dict) else None
+            text, tokens = self.reply(answer, chat)
             if not isinstance(text, str):
                 raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered without a "
                                 f"generated text: {json.dumps(answer)[:300]}")  # fmt: skip
-            done.append({"prompt": prompt, "chars": len(text), "seconds": round(time.monotonic() - started, 3)})
+            done.append({"prompt": prompt, "chars": len(text), "tokens": tokens,
+                         "seconds": round(time.monotonic() - started, 3)})  # fmt: skip
         return done
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        """One smoke request (greedy). A chat model may answer a bare text with its end token at once (it never saw
+        one outside its template): through the chat API the server applies the model's template, as a client does."""
+        most = self.p["max_tokens"]
+        if self.p["api"] == "chat":
+            return {"messages": [{"role": "user", "content": prompt}], "max_tokens": most, "temperature": 0}
+        return {"text": prompt, "sampling_params": {"max_new_tokens": most, "temperature": 0}}
+
+    @staticmethod
+    def reply(answer: Any, chat: bool) -> tuple[Any, int | None]:
+        """The generated text and its token count (None where the server does not say) of one smoke answer:
+        SGLang's ``/generate`` (``text``, ``meta_info.completion_tokens``) or its OpenAI chat API
+        (``choices[0].message.content``, ``usage.completion_tokens``)."""
+        if not isinstance(answer, dict):
+            return None, None
+        if chat:
+            choices = answer.get("choices")
+            first = choices[0] if isinstance(choices, list) and choices else None
+            message = first.get("message") if isinstance(first, dict) else None
+            text = message.get("content") if isinstance(message, dict) else None
+            counts = answer.get("usage")
+        else:
+            text, counts = answer.get("text"), answer.get("meta_info")
+        tokens = counts.get("completion_tokens") if isinstance(counts, dict) else None
+        return text, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+
+    def too_short(self, smoke: list[dict[str, Any]]) -> str | None:
+        """Why no accept length can be read, when the smoke requests ran no speculative step: every reply was
+        at most one token (the first token comes from the prefill, no draft is verified before the second)."""
+        if not smoke or any((s["tokens"] if s["tokens"] is not None else 2 if s["chars"] else 0) > 1 for s in smoke):
+            return None
+        api = "/v1/chat/completions" if self.p["api"] == "chat" else "/generate"
+        return (f"The {len(smoke)} smoke request(s) through {api} got at most one token each, so no draft was "
+                "verified and the accept length cannot be read (the draft is not to blame): send smoke prompts the "
+                "target answers at length" + ("." if self.p["api"] == "chat" else
+                                              ", through its chat template (api: chat) for a chat model."))  # fmt: skip
 
     def info(self) -> tuple[dict[str, Any], str | None]:
         for path in self.p["info_paths"]:

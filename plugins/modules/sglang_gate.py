@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: sglang_gate
 short_description: Send a server its smoke requests and read its server info in one call
 description:
-  - Posts each smoke prompt to the server's C(/generate) (greedy, C(max_new_tokens) each), in order, and fails at the
+  - Sends each smoke prompt through O(api) (greedy, at most O(max_tokens) tokens each), in order, and fails at the
     first that does not answer 200 with a generated text, naming it; then reads the server info from the first of
     C(info_paths) that answers 200 (SGLang 0.5.23 serves C(/get_server_info); C(/server_info) is its newer name) and
     returns the average speculative accept length SGLang reports in C(internal_states).
@@ -46,7 +46,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 smoke:
-  description: One record per smoke prompt, in order (the prompt, the generated text's length in characters, seconds).
+  description: One record per smoke prompt, in order (the prompt, the generated text's length in characters, the
+    tokens generated where the server says, seconds).
   returned: always
   type: list
   elements: dict

@@ -12,7 +12,8 @@ description:
   - Writes the unit file (atomically, only when its text differs), then reloads systemd and restarts the service;
     an unchanged unit is only started (and enabled) when it does not run. Then waits for the server's C(/health),
     sends the smoke requests, reads the server info and, with O(min_accept_length), requires the accept length
-    the server reports to be above it.
+    the server reports to be above it. Smoke replies of at most one token each fail with their own message (no
+    draft was verified, so the accept length says nothing about the draft).
   - When any of that fails after the unit changed, and O(rollback) is true, the previous unit is put back, systemd
     reloaded and the previous service restarted and waited for (with no previous unit, the new service is stopped,
     disabled and its unit removed). The failure names what failed, what the rollback did and the end of O(log).
@@ -107,7 +108,8 @@ health_seconds:
   returned: unless in check mode
   type: float
 smoke:
-  description: One record per smoke prompt (the prompt, the generated text's length in characters, seconds).
+  description: One record per smoke prompt (the prompt, the generated text's length in characters, the tokens
+    generated where the server says, seconds).
   returned: always
   type: list
   elements: dict
@@ -255,6 +257,9 @@ class Service:
         least = self.p["min_accept_length"]
         got = self.result["accept_length"]
         if least is not None and (got is None or got <= least):
+            short = Gate(self.p).too_short(self.result["smoke"])
+            if short:
+                raise ServiceFailed(short)
             context = f" {self.p['accept_context']}" if self.p["accept_context"] else ""
             raise ServiceFailed(f"The server accepts {'no' if got is None else got} tokens per step{context} (gate: "
                                 f"above {least}): {self.p['accept_hint']}")  # fmt: skip

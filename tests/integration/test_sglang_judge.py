@@ -315,3 +315,40 @@ def test_the_reference_engine_computes_sglangs_draft_function(features, extra, t
         # the comparison has teeth.
         legacy = _parity(tmp_path / "draft", "legacy")
         assert legacy["reference_dropped"] and max(legacy["normed_max_abs"], legacy["fed_max_abs"]) > 1e-2
+
+
+GATE_PROBE = r"""
+import json, sys
+from sglang_check import cpu_shims
+cpu_shims.torchvision_operator_schemas()
+from sglang.srt.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
+    ChatCompletionResponseChoice, ChatMessage, UsageInfo)
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+chat, generate = json.loads(sys.stdin.read())
+req = ChatCompletionRequest.model_validate(chat)
+gen = GenerateReqInput(**generate)
+params = SamplingParams(**gen.sampling_params)
+answer = ChatCompletionResponse(id="chatcmpl-1", model=req.model, choices=[ChatCompletionResponseChoice(
+    index=0, message=ChatMessage(role="assistant", content="a reply"), finish_reason="length")],
+    usage=UsageInfo(prompt_tokens=9, completion_tokens=req.max_tokens, total_tokens=9 + req.max_tokens))
+print(json.dumps({"chat": [req.messages[0].role, req.messages[0].content, req.max_tokens, req.temperature],
+                  "generate": [gen.text, params.max_new_tokens, params.top_k],
+                  "answer": json.loads(answer.model_dump_json())}))
+"""
+
+
+def test_sglang_takes_the_gates_smoke_requests_and_its_chat_answer_reads_back():
+    """The smoke requests of eagle3.ops.sglang_service (chat, the default, and generate) are what SGLang 0.5.23's own
+    request models accept, and what its chat response model writes is the text and token count the gate reads."""
+    from ansible_collections.eagle3.ops.plugins.module_utils._gate import Gate
+
+    params = {"url": "http://127.0.0.1:1", "max_tokens": 7}
+    chat, generate = Gate({**params, "api": "chat"}).body("Say hi."), Gate({**params, "api": "generate"}).body("Hi")
+    proc = subprocess.run([str(SGLANG_PYTHON), "-c", GATE_PROBE], cwd=PAYLOADS, input=json.dumps([chat, generate]),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Greedy both ways: temperature 0 on the chat request; SamplingParams turns it into top_k 1 (its greedy form).
+    assert got["chat"] == ["user", "Say hi.", 7, 0] and got["generate"] == ["Hi", 7, 1]
+    assert Gate.reply(got["answer"], chat=True) == ("a reply", 7)

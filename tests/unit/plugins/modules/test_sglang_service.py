@@ -35,10 +35,12 @@ esac
 """
 
 
-def unit(draft: str, accept: float = 2.5, healthy: bool = True) -> str:
+def unit(draft: str, accept: float | None = 2.5, healthy: bool = True, reply: int | None = None) -> str:
+    """A unit whose fake server reports ``accept`` (none: no verify step ran) and answers ``reply`` tokens."""
     health = "ok" if healthy else "dead"
+    most = "" if reply is None else f" reply={reply}"
     return (f"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --speculative-draft-model-path {draft} "
-            f"# accept={accept} health={health}\n")  # fmt: skip
+            f"# accept={accept} health={health}{most}\n")  # fmt: skip
 
 
 @pytest.fixture
@@ -70,14 +72,18 @@ def fake(tmp_path, monkeypatch):
                 self.send_response(200)
                 self.end_headers()  # SGLang's /health: 200 and no body
             elif self.path == "/get_server_info":
-                accept = float(re.search(r"accept=([\d.]+)", text).group(1))
+                found = re.search(r"accept=([\d.]+)", text)
+                accept = float(found.group(1)) if found else None
                 self.answer(200, {"internal_states": [{"avg_spec_accept_length": accept}]})
             else:
                 self.answer(404, {})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self.answer(200, {"text": "x" * body["sampling_params"]["max_new_tokens"]})
+            found = re.search(r"reply=(\d+)", self.running())
+            n = int(found.group(1)) if found else body["max_tokens"]
+            message = {"role": "assistant", "content": "x" * n}
+            self.answer(200, {"choices": [{"index": 0, "message": message}], "usage": {"completion_tokens": n}})
 
         def log_message(self, *_args: object) -> None:
             pass
@@ -154,6 +160,22 @@ def test_a_draft_under_the_gate_is_rolled_back_to_the_previous_unit(fake, capsys
     assert got["msg"].endswith(f"Server log {fake['log']} ends with: " + " | ".join(f"line {i}" for i in range(12, 20)))
     assert fake["unit"].read_text() == unit("/d/old") and "/d/old" in (fake["state"] / "running").read_text()
     assert got["restored_healthy"] is True
+
+
+def test_replies_of_one_token_fail_as_too_short_to_judge_not_as_the_drafts_fault(fake, capsys):
+    # A chat model asked a bare text may answer its end token at once: no draft is verified, no accept length.
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new", accept=None, reply=1)},
+                     capsys=capsys)  # fmt: skip
+    assert got["failed"] and got["smoke"][0]["tokens"] == 1 and got["accept_length"] is None
+    assert got["msg"].startswith("The 1 smoke request(s) through /v1/chat/completions got at most one token each, so "
+                                 "no draft was verified and the accept length cannot be read (the draft is not to "
+                                 "blame): send smoke prompts the target answers at length.")  # fmt: skip
+    assert "did not take effect" not in got["msg"] and fake["unit"].read_text() == unit("/d/old")  # rolled back
+    # Replies of two tokens or more ran a verify step: an accept length at the floor is the draft's.
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new", accept=1.0, reply=2)},
+                     capsys=capsys)  # fmt: skip
+    assert got["failed"] and got["msg"].startswith("The server accepts 1.0 tokens per step with the draft /d/new")
 
 
 def test_a_new_service_that_never_answers_is_stopped_and_removed(fake, capsys):

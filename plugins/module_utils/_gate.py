@@ -51,10 +51,11 @@ class Gate:
     def __init__(self, params: dict[str, Any]) -> None:
         self.p = params
         self.base = params["url"].rstrip("/")
+        self.chat = params["api"] == "chat"
+        self.endpoint = "/v1/chat/completions" if self.chat else "/generate"
 
     def smoke(self) -> list[dict[str, Any]]:
-        chat = self.p["api"] == "chat"
-        prompts, where = self.p["prompts"], f"{self.base}/{'v1/chat/completions' if chat else 'generate'}"
+        prompts, where = self.p["prompts"], f"{self.base}{self.endpoint}"
         done: list[dict[str, Any]] = []
         for i, prompt in enumerate(prompts, 1):
             started = time.monotonic()
@@ -66,7 +67,7 @@ class Gate:
                                 f"{exc.code} {detail}".rstrip()) from exc  # fmt: skip
             except (OSError, urllib.error.URLError, ValueError) as exc:
                 raise GateError(f"the smoke request {i} of {len(prompts)} to {where} failed: {exc}") from exc
-            text, tokens = self.reply(answer, chat)
+            text, tokens = self.reply(answer, self.chat)
             if not isinstance(text, str):
                 raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered without a "
                                 f"generated text: {json.dumps(answer)[:300]}")  # fmt: skip
@@ -78,7 +79,7 @@ class Gate:
         """One smoke request (greedy). A chat model may answer a bare text with its end token at once (it never saw
         one outside its template): through the chat API the server applies the model's template, as a client does."""
         most = self.p["max_tokens"]
-        if self.p["api"] == "chat":
+        if self.chat:
             return {"messages": [{"role": "user", "content": prompt}], "max_tokens": most, "temperature": 0}
         return {"text": prompt, "sampling_params": {"max_new_tokens": most, "temperature": 0}}
 
@@ -103,13 +104,15 @@ class Gate:
     def too_short(self, smoke: list[dict[str, Any]]) -> str | None:
         """Why no accept length can be read, when the smoke requests ran no speculative step: every reply was
         at most one token (the first token comes from the prefill, no draft is verified before the second)."""
-        if not smoke or any((s["tokens"] if s["tokens"] is not None else 2 if s["chars"] else 0) > 1 for s in smoke):
+        def verified(s: dict[str, Any]) -> bool:  # a second token, or (no count given) some text
+            return s["tokens"] > 1 if s["tokens"] is not None else bool(s["chars"])
+
+        if not smoke or any(verified(s) for s in smoke):
             return None
-        api = "/v1/chat/completions" if self.p["api"] == "chat" else "/generate"
-        return (f"The {len(smoke)} smoke request(s) through {api} got at most one token each, so no draft was "
-                "verified and the accept length cannot be read (the draft is not to blame): send smoke prompts the "
-                "target answers at length" + ("." if self.p["api"] == "chat" else
-                                              ", through its chat template (api: chat) for a chat model."))  # fmt: skip
+        fix = "." if self.chat else ", through its chat template (api: chat) for a chat model."
+        return (f"The {len(smoke)} smoke request(s) through {self.endpoint} got at most one token each, so no draft "
+                "was verified and the accept length cannot be read (the draft is not to blame): send smoke prompts the "
+                f"target answers at length{fix}")  # fmt: skip
 
     def info(self) -> tuple[dict[str, Any], str | None]:
         for path in self.p["info_paths"]:

@@ -249,15 +249,16 @@ class Service:
             raise ServiceFailed(f"{self.unit} did not answer {self.p['url'].rstrip('/')}/health within "
                                 f"{self.p['health_timeout']} s")  # fmt: skip
         self.result["health_seconds"] = round(time.monotonic() - since, 2)
+        checks = Gate(self.p)
         try:
-            gates = Gate(self.p).run(check_mode=False)
+            gates = checks.run(check_mode=False)
         except GateError as exc:
             raise ServiceFailed(f"{str(exc)[0].upper()}{str(exc)[1:]}") from exc
         self.result.update({k: v for k, v in gates.items() if k != "changed"})
         least = self.p["min_accept_length"]
         got = self.result["accept_length"]
         if least is not None and (got is None or got <= least):
-            short = Gate(self.p).too_short(self.result["smoke"])
+            short = checks.too_short(self.result["smoke"])
             if short:
                 raise ServiceFailed(short)
             context = f" {self.p['accept_context']}" if self.p["accept_context"] else ""

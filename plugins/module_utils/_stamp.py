@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -197,6 +198,33 @@ class StageStamp:
             reason = self.down()
         return {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
                 "fingerprint": digest(now)}  # fmt: skip
+
+    def record(self, check_mode: bool) -> dict[str, Any]:
+        """Keep this run's fingerprint (the controller's digests given, the host's read now), atomically: a temporary
+        file renamed over the stamp. Unchanged when it matches the one kept."""
+        now, kept = self.now(), self.kept()
+        keys = changed_keys(kept or {}, now)
+        before = digest(kept) if kept is not None else "absent"
+        out = {"changed": kept is None or bool(keys), "converged": True, "reason": "", "changed_keys": keys,
+               "fingerprint": digest(now),
+               "diff": {"before": before + "\n", "after": digest(now) + "\n", "before_header": self.path,
+                        "after_header": self.path}}  # fmt: skip
+        if out["changed"] and not check_mode:
+            self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
+        return out
+
+    def write(self, data: dict[str, Any]) -> None:
+        # The writer lives with the checkpoint code; imported here only, as a check (the probe's script) never writes.
+        from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
+            write_json_atomic,
+        )
+
+        try:
+            os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)
+            write_json_atomic(self.path, data)
+        except OSError as exc:
+            raise StampError(f"Cannot write the {self.p['stage']} stamp {self.path} ({exc}): free space "
+                             f"in {self.p['dir']} or set another stamp directory.") from exc  # fmt: skip
 
     def answer(self, out: dict[str, Any]) -> dict[str, Any]:
         """``out`` with what a record of this run needs (the check's inputs, read back by stamp_record.yml)."""

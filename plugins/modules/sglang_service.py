@@ -68,6 +68,37 @@ options:
     description: Whether a failure after a unit change puts the previous unit back.
     type: bool
     default: true
+  stamp:
+    description:
+      - A stage's fingerprint to keep once the server passed its gates (eagle3.ops.stage_stamp's record in the same
+        call, the round trip it would cost saved); left out, nothing is kept. A stamp that cannot be written is a
+        warning, not a failure of what is served (the next run is then not converged and runs again).
+      - The sglang_serve role passes the deploy stage's, without a router only (behind one, the stamp is kept
+        after the server is back behind it).
+    type: dict
+    suboptions:
+      stage:
+        description: The stage's name.
+        type: str
+        required: true
+      dir:
+        description: Where the host keeps its stamps.
+        type: path
+        default: /var/lib/eagle3-ops/stamps
+      controller:
+        description: The controller's digests, as the stage's check returned them.
+        type: dict
+        default: {}
+      paths:
+        description: The host paths fingerprinted, as the check returned them.
+        type: list
+        elements: path
+        default: []
+      contents:
+        description: The host files whose contents are fingerprinted, as the check returned them.
+        type: list
+        elements: path
+        default: []
 extends_documentation_fragment:
   - eagle3.ops.gate
 attributes:
@@ -133,6 +164,11 @@ restored_healthy:
   description: Whether the previous service answered its health after a rollback.
   returned: always
   type: bool
+stamp:
+  description: The kept fingerprint (C(changed), C(fingerprint), C(changed_keys)) when O(stamp) was given and the
+    server passed its gates.
+  returned: when O(stamp) was given and the gates passed
+  type: dict
 log_tail:
   description: The last lines of O(log) when the service failed.
   returned: on failure
@@ -148,6 +184,8 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._gate import GATE_SPEC, Gate, GateError, answers
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_lines_atomic
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC as STAMP_SPEC
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import StageStamp, StampError
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "required": True},
@@ -161,8 +199,16 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "accept_context": {"type": "str", "default": ""},
     "accept_hint": {"type": "str", "default": "the draft's weights did not take effect."},
     "rollback": {"type": "bool", "default": True},
+    "stamp": {"type": "dict", "options": {
+        "stage": {"type": "str", "required": True},
+        "dir": STAMP_SPEC["dir"],
+        "controller": {"type": "dict", "default": {}},
+        "paths": STAMP_SPEC["paths"],
+        "contents": STAMP_SPEC["contents"]}},
     **GATE_SPEC,
 }
+# What a record reads of a stamp's options beyond O(stamp)'s (no liveness: the gates just checked it).
+STAMP_DEFAULTS: dict[str, Any] = {name: spec.get("default") for name, spec in STAMP_SPEC.items()}
 DRAFT = re.compile(r"--speculative-draft-model-path (\S+)")
 
 
@@ -308,6 +354,19 @@ class Service:
             tail = " | ".join(self.result["log_tail"])
             log = f" Server log {self.p['log']} ends with: {tail}" if self.p["log"] else ""
             raise ServiceFailed(f"{str(exc).rstrip('.')}.{after}{log}") from exc
+        self.keep_stamp()
+
+    def keep_stamp(self) -> None:
+        """The stage's fingerprint, kept now that the server passed its gates (O(stamp))."""
+        if not self.p["stamp"]:
+            return
+        stamp = StageStamp({**STAMP_DEFAULTS, **self.p["stamp"]})
+        try:
+            out = stamp.record(check_mode=False)
+        except StampError as exc:
+            self.module.warn(f"{exc} The server passed its gates; the next run is not converged and runs again.")
+            return
+        self.result["stamp"] = {k: out[k] for k in ("changed", "fingerprint", "changed_keys")}
 
 
 def main() -> None:

@@ -163,55 +163,16 @@ contents:
   elements: str
 """
 
-import os
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_json_atomic
-from ansible_collections.eagle3.ops.plugins.module_utils._stamp import (
-    ARGUMENT_SPEC,
-    StageStamp,
-    StampError,
-    changed_keys,
-    digest,
-)
-
-
-class ModuleStamp(StageStamp):
-    """The check (also the action plugin's script on the host) and the record, which writes the stamp."""
-
-    def __init__(self, params: dict, check_mode: bool) -> None:
-        super().__init__(params)
-        self.check_mode = check_mode
-
-    def record(self) -> dict:
-        now, kept = self.now(), self.kept()
-        keys = changed_keys(kept or {}, now)
-        before = digest(kept) if kept is not None else "absent"
-        out = {"changed": kept is None or bool(keys), "converged": True, "reason": "", "changed_keys": keys,
-               "fingerprint": digest(now),
-               "diff": {"before": before + "\n", "after": digest(now) + "\n", "before_header": self.path,
-                        "after_header": self.path}}  # fmt: skip
-        if out["changed"] and not self.check_mode:
-            self.write({"stage": self.p["stage"], "time": time.time(), "keys": now})
-        return out
-
-    def run(self) -> dict:
-        return self.answer(self.check() if self.p["state"] == "check" else self.record())
-
-    def write(self, data: dict) -> None:
-        try:
-            os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)
-            write_json_atomic(self.path, data)
-        except OSError as exc:
-            raise StampError(f"Cannot write the {self.p['stage']} stamp {self.path} ({exc}): free space "
-                             f"in {self.p['dir']} or set another stamp directory.") from exc  # fmt: skip
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC, StageStamp, StampError
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        module.exit_json(**ModuleStamp(module.params, module.check_mode).run())
+        stamp = StageStamp(module.params)
+        out = stamp.check() if module.params["state"] == "check" else stamp.record(module.check_mode)
+        module.exit_json(**stamp.answer(out))
     except StampError as exc:
         module.fail_json(msg=str(exc))
 

@@ -108,6 +108,10 @@ def test_a_setting_switch_goes_from_the_gpus_to_the_judge_and_the_service(deploy
                  "Read the installed payload's stamp", "Compare the fingerprint with the last complete run's: runtime"):
         assert f"{step}] *" not in starred or f"{step}] * skipping" in starred, step
     assert server_info()["speculative_num_draft_tokens"] == 10
+    # Without a router the service's own call kept the fingerprint: the same setting again finds nothing to do.
+    assert "Keep the fingerprint of this complete run: deploy" not in out
+    again = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=10", timeout=300)
+    assert "deploy on ct130: nothing to do" in flat(again.stdout), again.stdout[-3000:]
     # An input that is not a setting (the checkpoint the draft is exported from) sends the run down the whole path.
     ct("touch", f"{CHECKPOINT}/config.json")
     proc = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=16", timeout=600)

@@ -203,6 +203,48 @@ def test_without_rollback_the_new_unit_stays(fake, capsys):
     assert fake["unit"].read_text() == unit("/d/new", accept=1.0)
 
 
+def test_a_served_setting_keeps_the_stage_stamp_a_check_then_finds_converged(fake, tmp_path, capsys):
+    """The stamp option records in the same call what stage_stamp's record would: a check of the same inputs after it
+    finds the stage converged, and the unit the stamp saw is the one that passed the gates."""
+    from ansible_collections.eagle3.ops.plugins.module_utils._stamp import StageStamp
+
+    stamps, draft = tmp_path / "stamps", tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    stamp = {"stage": "deploy", "dir": str(stamps), "controller": {"var:draft_tokens": "d16"},
+             "paths": [str(draft)], "contents": [str(fake["unit"])]}  # fmt: skip
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), "stamp": stamp}, capsys=capsys)
+    assert not got.get("failed"), got.get("msg")
+    assert got["stamp"]["changed"] and (stamps / "deploy.json").is_file()
+    check = StageStamp({"stage": "deploy", "dir": str(stamps), "controller": stamp["controller"], "paths": stamp["paths"],
+                        "contents": stamp["contents"], "units": [], "urls": [], "router": None}).check()  # fmt: skip
+    assert check["converged"] and check["changed_keys"] == [], check
+    assert not [p for p in stamps.iterdir() if p.name != "deploy.json"]  # written whole: no temporary left
+
+
+def test_a_setting_that_fails_its_gates_keeps_no_stamp(fake, tmp_path, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    stamps = tmp_path / "stamps"
+    stamp = {"stage": "deploy", "dir": str(stamps), "contents": [str(fake["unit"])]}
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new", accept=1.0), "stamp": stamp},
+                     capsys=capsys)  # fmt: skip
+    assert got["failed"] and "stamp" not in got and not stamps.exists()
+
+
+def test_a_stamp_that_cannot_be_written_is_a_warning_not_a_failure_of_what_is_served(fake, tmp_path, capsys,
+                                                                                        monkeypatch):  # fmt: skip
+    from ansible.module_utils.basic import AnsibleModule
+
+    warned: list[str] = []  # in a controller process AnsibleModule.warn goes to the display, not to the result
+    monkeypatch.setattr(AnsibleModule, "warn", lambda self, warning, **_kw: warned.append(warning))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    stamp = {"stage": "deploy", "dir": str(blocked / "stamps")}
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), "stamp": stamp}, capsys=capsys)
+    assert not got.get("failed") and "stamp" not in got and got["accept_length"] == 2.5
+    assert len(warned) == 1 and "Cannot write the deploy stamp" in warned[0] and "runs again" in warned[0], warned
+
+
 def test_the_module_documents_every_option(capsys):
     import yaml
     from ansible_collections.eagle3.ops.plugins.doc_fragments.gate import ModuleDocFragment

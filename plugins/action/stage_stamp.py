@@ -49,7 +49,7 @@ def collection_digest(root: Path = _COLLECTION) -> str:
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset({"stage", "state", "dir", "vars", "exclude_vars", "controller_files", "controller",
-                             "paths", "contents", "units", "urls", "router", "timeout"})  # fmt: skip
+                             "paths", "contents", "units", "urls", "router", "timeout", "reads"})  # fmt: skip
 
     def _var_digests(self, task_vars: dict[str, Any], patterns: list[str], exclude: list[str]) -> dict[str, str]:
         try:

@@ -7,13 +7,23 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from ansible_collections.eagle3.ops.plugins.module_utils._gpu import smi_rows
 
+# The fields gpu_facts reads, in query order (nvidia-smi --help-query-gpu names them).
+GPU_FIELDS = ["index", "uuid", "name", "memory.used", "memory.total", "power.draw", "power.limit", "utilization.gpu"]
 
-def nvidia_smi_csv(text: str, fields: list[str] | str) -> list[dict[str, Any]]:
+
+def nvidia_smi_query(nvidia_smi: str, fields: list[str] | None = None) -> list[str]:
+    """The argv of gpu_facts' read, one CSV row per GPU (``nvidia_smi_csv`` parses it): one home for the role's own
+    read and for a fingerprint check that takes it in the same call (deploy.yml's setting switch)."""
+    return [str(nvidia_smi), "--query-gpu=" + ",".join(fields or GPU_FIELDS), "--format=csv,noheader,nounits"]
+
+
+def nvidia_smi_csv(text: str, fields: list[str] | str | None = None) -> list[dict[str, Any]]:
     """Rows of ``--query-...=FIELDS --format=csv,noheader,nounits`` output as typed dicts.
 
     Keys are the field names with dots as underscores (``memory.used`` -> ``memory_used``), so Jinja's
     attribute lookups (``selectattr('memory_used', ...)``) work on them.
     """
+    fields = GPU_FIELDS if fields is None else fields
     names = [f.strip() for f in (fields.split(",") if isinstance(fields, str) else fields) if f.strip()]
     try:
         return smi_rows(text, names)
@@ -40,5 +50,5 @@ def gpu_unit_line(entry: dict[str, Any]) -> str:
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"nvidia_smi_csv": nvidia_smi_csv, "gpu_process_line": gpu_process_line,
-                "gpu_unit_line": gpu_unit_line}  # fmt: skip
+        return {"nvidia_smi_csv": nvidia_smi_csv, "nvidia_smi_query": nvidia_smi_query,
+                "gpu_process_line": gpu_process_line, "gpu_unit_line": gpu_unit_line}  # fmt: skip

@@ -146,7 +146,14 @@ def sglang_line(version: Any) -> dict[str, Any]:
             "train_flags": train_flags}  # fmt: skip
 
 
+def sglang_release_query(python: str) -> list[str]:
+    """The argv that prints the SGLang release installed for ``python`` (sglang_runtime's read, and deploy.yml's
+    fingerprint check, which takes it in the same call on a setting switch)."""
+    return [str(python), "-c", "from importlib.metadata import version; print(version('sglang'))"]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"sglang_speculative_args": sglang_speculative_args, "bench_point": bench_point,
-                "sglang_speculative_problem": sglang_speculative_problem, "sglang_line": sglang_line}
+                "sglang_speculative_problem": sglang_speculative_problem, "sglang_line": sglang_line,
+                "sglang_release_query": sglang_release_query}

@@ -35,7 +35,11 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "router": {"type": "dict", "options": {"url": {"type": "str", "required": True},
                                            "worker": {"type": "str", "required": True}}},
     "timeout": {"type": "float", "default": 5},
+    "reads": {"type": "dict", "default": {}},
 }  # fmt: skip
+
+# Seconds each of a check's reads may take (a read that does not end is reported as failed, never waited for).
+READ_TIMEOUT = 30
 
 # Directories are walked to this many entries at most: a store of millions of rows is fingerprinted by its
 # manifest files, never by listing it (a path that exceeds this is refused, not silently truncated).
@@ -124,6 +128,21 @@ def describe(keys: list[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def run_read(argv: Any) -> dict[str, Any]:
+    """One read-only command of a check (``reads``), as ``raw`` would report it: rc, stdout, stderr. A command that
+    cannot start or does not end within READ_TIMEOUT is reported with rc 127 or 124 and why, never raised: its
+    consumer reads it as it would its own failed read."""
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return {"rc": 2, "stdout": "", "stderr": f"a read must be a non-empty list of strings, got {argv!r}"}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=READ_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "stdout": "", "stderr": f"{argv[0]} did not end within {READ_TIMEOUT} s"}
+    except OSError as exc:
+        return {"rc": 127, "stdout": "", "stderr": f"{argv[0]}: {exc.strerror or exc}"}
+    return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+
 class StampError(Exception):
     pass
 
@@ -196,8 +215,11 @@ class StageStamp:
             reason = "changed: " + describe(keys)
         else:
             reason = self.down()
-        return {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
-                "fingerprint": digest(now)}  # fmt: skip
+        out = {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
+               "fingerprint": digest(now)}  # fmt: skip
+        if reason and self.p.get("reads"):
+            out["reads"] = {str(name): run_read(argv) for name, argv in self.p["reads"].items()}
+        return out
 
     def record(self, check_mode: bool) -> dict[str, Any]:
         """Keep this run's fingerprint (the controller's digests given, the host's read now), atomically: a temporary

@@ -97,6 +97,16 @@ options:
     description: Seconds each URL may take to answer.
     type: float
     default: 5
+  reads:
+    description:
+      - Read-only commands (name to argv, no shell) run on the host in the same call when the stage is not
+        converged - what the plays after the check would each read in a round trip of their own (deploy.yml's
+        setting switch takes the GPUs, the SGLang release and the draft's config from here). Nothing is read when
+        the stage is converged, as nothing follows.
+      - Each answers as C(raw) would (C(rc), C(stdout), C(stderr)); a command that cannot start answers rc 127, one
+        that does not end within 30 s rc 124.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     description: A check runs as usual; a record says whether it would change the stamp and writes nothing.
@@ -142,6 +152,10 @@ changed_keys:
   returned: always
   type: list
   elements: str
+reads:
+  description: What each of O(reads) answered (C(rc), C(stdout), C(stderr)), by name.
+  returned: when O(reads) is given and the stage is not converged (C(state=check))
+  type: dict
 fingerprint:
   description: The digest of the whole fingerprint.
   returned: always

@@ -107,6 +107,10 @@ def test_a_setting_switch_goes_from_the_gpus_to_the_judge_and_the_service(deploy
     for step in ("Export the speculators checkpoint for SGLang and verify the draft",
                  "Read the installed payload's stamp", "Compare the fingerprint with the last complete run's: runtime"):
         assert f"{step}] *" not in starred or f"{step}] * skipping" in starred, step
+    # The GPUs, the release and the configs came with the fingerprint check's call: none of their own reads ran.
+    for step in ("Query nvidia-smi", "Ask the environment for its SGLang release",
+                 "Check the target model and read the draft's config"):
+        assert f"{step}] * skipping" in starred, (step, starred[-3000:])
     assert server_info()["speculative_num_draft_tokens"] == 10
     # Without a router the service's own call kept the fingerprint: the same setting again finds nothing to do.
     assert "Keep the fingerprint of this complete run: deploy" not in out

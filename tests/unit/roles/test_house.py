@@ -69,7 +69,7 @@ def _homes(pattern: str) -> set[str]:
     (r"systemd-run", {"roles/eagle3_common/tasks/unit_start.yml"}),
     (r"urllib\.request\.urlopen", {"roles/eagle3_common/tasks/unit_health.yml"}),
     (r"-p ActiveState -p Result", {"roles/eagle3_common/tasks/unit_wait.yml"}),
-    (r"--query-gpu=' ~|memory\.used", {"roles/gpu_facts/tasks/gather.yml"}),
+    (r"memory\.used|nvidia_smi_query", {"roles/gpu_facts/tasks/gather.yml"}),  # the argv: filter/gpu.py
     (r"-m, venv|'venv'", {"roles/pinned_venv/tasks/main.yml"}),
     (r"cleanup_summary\.j2", {"roles/gpu_cleanup/tasks/fleet.yml"}),
 ], ids=["transient unit", "health wait", "job wait", "nvidia-smi query", "venv build", "cleanup summary"])  # fmt: skip

@@ -216,8 +216,7 @@ def test_a_served_setting_keeps_the_stage_stamp_a_check_then_finds_converged(fak
     got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), "stamp": stamp}, capsys=capsys)
     assert not got.get("failed"), got.get("msg")
     assert got["stamp"]["changed"] and (stamps / "deploy.json").is_file()
-    check = StageStamp({"stage": "deploy", "dir": str(stamps), "controller": stamp["controller"], "paths": stamp["paths"],
-                        "contents": stamp["contents"], "units": [], "urls": [], "router": None}).check()  # fmt: skip
+    check = StageStamp({**stamp, "units": [], "urls": [], "router": None}).check()
     assert check["converged"] and check["changed_keys"] == [], check
     assert not [p for p in stamps.iterdir() if p.name != "deploy.json"]  # written whole: no temporary left
 

@@ -226,3 +226,38 @@ def test_the_action_plugin_digests_the_named_variables_and_never_a_secret(tmp_pa
     got = plugin._var_digests(task_vars, ["eagle3_", "draft_tokens$", "proxmox_"], ["eagle3_force$"])
     assert sorted(got) == ["var:draft_tokens", "var:eagle3_x"]
     assert got["var:eagle3_x"] == action.digest("{{ later_fact }}")  # kept as written until it can be templated
+
+
+def test_a_stage_that_runs_takes_its_reads_in_the_same_call_and_a_converged_one_reads_nothing(tmp_path, capsys):
+    """reads: what the plays after the check would each read in a round trip of their own, answered as raw answers
+    (rc, stdout, stderr); a command that cannot start or is not a list answers with a reason, never a failed check."""
+    args = stage(tmp_path)
+    marker = tmp_path / "read"
+    reads = {"release": ["sh", "-c", f"echo 0.5.23; touch {marker}"], "fails": ["sh", "-c", "echo no >&2; exit 3"],
+             "absent": [str(tmp_path / "no-such-tool")], "bad": "nvidia-smi -L"}  # fmt: skip
+    first = check(args, capsys, reads=reads)
+    assert first["converged"] is False
+    assert first["reads"]["release"] == {"rc": 0, "stdout": "0.5.23\n", "stderr": ""}
+    assert first["reads"]["fails"] == {"rc": 3, "stdout": "", "stderr": "no\n"}
+    assert first["reads"]["absent"]["rc"] == 127 and "no-such-tool" in first["reads"]["absent"]["stderr"]
+    assert first["reads"]["bad"]["rc"] == 2 and "non-empty list of strings" in first["reads"]["bad"]["stderr"]
+    record(args, capsys)
+    marker.unlink()
+    again = check(args, capsys, reads=reads)
+    assert again["converged"] is True and "reads" not in again and not marker.exists()  # nothing follows: no read
+
+
+def test_the_reads_argv_are_the_roles_own():
+    """deploy.yml's check reads the GPUs and the release with the argv gpu_facts and sglang_runtime run themselves."""
+    from ansible_collections.eagle3.ops.plugins.filter.gpu import GPU_FIELDS, nvidia_smi_csv, nvidia_smi_query
+    from ansible_collections.eagle3.ops.plugins.filter.sglang import sglang_release_query
+
+    assert nvidia_smi_query("/usr/bin/nvidia-smi") == [
+        "/usr/bin/nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]  # fmt: skip
+    row = "0, GPU-1, NVIDIA H200, 10, 143771, 75.0, 700.0, 0"
+    assert nvidia_smi_csv(row)[0]["memory_total"] == 143771 and nvidia_smi_csv(row) == nvidia_smi_csv(row, GPU_FIELDS)
+    assert sglang_release_query("/opt/sglang/bin/python")[:2] == ["/opt/sglang/bin/python", "-c"]
+    roles = Path(__file__).resolve().parents[4] / "roles"
+    for role, text in (("gpu_facts", "nvidia_smi_query"), ("sglang_runtime", "sglang_release_query")):
+        assert text in "".join(p.read_text() for p in (roles / role / "tasks").glob("*.yml")), role
+    assert "nvidia_smi_query" in (roles / "sglang_serve" / "vars" / "main.yml").read_text()

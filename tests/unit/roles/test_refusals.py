@@ -1,0 +1,90 @@
+"""The roles' refusals of bad arguments, run by Ansible on the controller (no lab): each says its own sentence, and a
+message carries no escape Jinja left in it (a backslash before an apostrophe in a folded scalar stays a backslash,
+and a regular expression written with a doubled backslash matches nothing - both reached a release once)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, ansible_env, run_playbook
+
+PLAY = """- name: One role's task file on the controller
+  hosts: {hosts}
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: The role's tasks
+      ansible.builtin.import_role:
+        name: eagle3.ops.{role}
+        tasks_from: {tasks}
+"""
+INVENTORY = {"all": {"children": {"routers": {"hosts": {"rtr": {"ansible_host": "10.203.0.9"}}},
+                                  "servers": {"hosts": {"srv": {}}}}}}  # fmt: skip
+SMI = '#!/bin/sh\necho "0, GPU-1, NVIDIA H200, 900, 143771, 75.0, 700.0, 0"\n'
+
+
+def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "srv") -> str:
+    (tmp_path / "play.yml").write_text(PLAY.format(hosts=hosts, role=role, tasks=tasks))
+    (tmp_path / "hosts.json").write_text(json.dumps(INVENTORY))
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(SMI)
+    smi.chmod(0o755)
+    values = {"ansible_python_interpreter": sys.executable, "gpu_facts_nvidia_smi": str(smi),
+              "eagle3_target_path": "/srv/target", **extra}  # fmt: skip
+    proc = run_playbook(tmp_path / "play.yml", "-i", str(tmp_path / "hosts.json"), "-e", json.dumps(values),
+                        check=False, env=ansible_env(ANSIBLE_INVENTORY=str(tmp_path / "hosts.json")),
+                        timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    found = re.search(r"\[ERROR\]: Task failed: Action failed: (.*)", proc.stdout + proc.stderr)
+    assert found, proc.stdout[-2000:]
+    return found.group(1)
+
+
+@pytest.mark.parametrize(("role", "tasks", "extra", "says"), [
+    ("sglang_serve", "validate.yml", {"sglang_serve_engine": "reference", "speculative_topk": 4, "speculative_steps": 3,
+                                      "draft_tokens": 8},
+     "topk 4 asks for tree drafting, which the lab's reference engine does not implement (it drafts chains)"),
+    ("sglang_serve", "validate.yml", {"sglang_serve_host": "127.0.0.1"},
+     "srv binds its server to 127.0.0.1 (sglang_serve_host), which the router on rtr cannot reach: set "
+     "sglang_serve_host to 0.0.0.0 or this host's address"),
+    ("sglang_serve", "validate.yml", {"sglang_serve_engine": "vllm"},
+     "sglang_serve_engine must be sglang or reference"),
+    ("sglang_serve", "validate.yml", {"draft_tokens": 500}, "draft_tokens is 500; it must be between 2 and 64"),
+    ("gpu_facts", "main.yml", {"gpu_facts_expected_count": 2},
+     "srv shows 1 GPUs where 2 were expected: check the container's GPU passthrough"),
+    ("gpu_facts", "main.yml", {"gpu_facts_require_idle": True}, "GPUs 0 of srv hold 900 MiB (free means at most 512"),
+    ("gpu_facts", "main.yml", {"gpu_facts_require_idle": True, "gpu_facts_free_threshold_mib": -1},
+     "gpu_facts_free_threshold_mib and gpu_facts_expected_count must be 0 or more (got -1 and None)."),
+], ids=["tree-on-reference", "loopback-behind-router", "engine", "draft-tokens", "gpu-count", "gpu-busy",
+        "threshold"])  # fmt: skip
+def test_a_bad_argument_is_refused_in_its_own_sentence(tmp_path, role, tasks, extra, says):
+    message = refusal(tmp_path, role, tasks, extra)
+    assert says in message, message
+    assert "\\" not in message, message
+
+
+def test_good_arguments_pass_the_same_checks(tmp_path):
+    (tmp_path / "play.yml").write_text(PLAY.format(hosts="srv", role="sglang_serve", tasks="validate.yml"))
+    (tmp_path / "hosts.json").write_text(json.dumps(INVENTORY))
+    values = {"ansible_python_interpreter": sys.executable, "eagle3_target_path": "/srv/target",
+              "sglang_serve_host": "0.0.0.0", "draft_tokens": 10}  # noqa: S104 - a value checked, nothing binds
+    proc = run_playbook(tmp_path / "play.yml", "-i", str(tmp_path / "hosts.json"), "-e", json.dumps(values),
+                        check=False, env=ansible_env(ANSIBLE_INVENTORY=str(tmp_path / "hosts.json")), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_no_task_file_escapes_an_apostrophe_or_doubles_a_backslash_in_a_folded_jinja_string():
+    """The class of the two faults above, on every task and vars file: inside a Jinja expression of a folded (>-) or
+    plain scalar, Ansible keeps a backslash as written."""
+    bad = re.compile(r"\\'|\\\\\.")
+    quoted = re.compile(r'^\s*(- )?([\w.]+: )?"')  # a YAML double-quoted scalar reads its escapes itself
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "roles").glob("*/*/*.yml"))
+                 if p.parent.name in ("tasks", "vars", "defaults")
+                 for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if bad.search(line) and not quoted.match(line)]  # fmt: skip
+    assert offenders == [], offenders

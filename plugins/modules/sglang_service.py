@@ -188,6 +188,8 @@ from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import wri
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC as STAMP_SPEC
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import StageStamp, StampError
 
+# stage_stamp's own options, those a record reads (the check's inputs)
+STAMP_RECORD_SPEC = {k: STAMP_SPEC[k] for k in ("stage", "dir", "controller", "paths", "contents")}
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "required": True},
     "content": {"type": "str", "required": True},
@@ -200,12 +202,7 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "accept_context": {"type": "str", "default": ""},
     "accept_hint": {"type": "str", "default": "the draft's weights did not take effect."},
     "rollback": {"type": "bool", "default": True},
-    "stamp": {"type": "dict", "options": {
-        "stage": {"type": "str", "required": True},
-        "dir": STAMP_SPEC["dir"],
-        "controller": {"type": "dict", "default": {}},
-        "paths": STAMP_SPEC["paths"],
-        "contents": STAMP_SPEC["contents"]}},
+    "stamp": {"type": "dict", "options": STAMP_RECORD_SPEC},
     **GATE_SPEC,
 }
 # What a record reads of a stamp's options beyond O(stamp)'s (no liveness: the gates just checked it).

@@ -223,6 +223,16 @@ def lab() -> Iterator[dict[str, object]]:
     yield {"recap": recap(proc.stdout), "output": proc.stdout}
 
 
+@pytest.fixture(scope="session")
+def trained(lab) -> subprocess.CompletedProcess[str]:
+    """The main job's training (train.yml) in the test lab, once per session: test_pipeline reads what each stage
+    said, test_deploy serves the drafter. Forced past the fingerprint, so that every stage says what it found even
+    when an earlier session of the same lab trained already."""
+    proc = run_playbook(ROOT / "train.yml", "-e", "eagle3_force=true", timeout=1800)
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
+    return proc
+
+
 def close_ssh_masters(ports) -> None:
     """Ansible's ControlPersist masters would keep a session to a stopped hop alive; a new run opens new ones. Only
     those of PORTS: the other lab's tests use theirs at the same time (ansible names a master after a hash of host,

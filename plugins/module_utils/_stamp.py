@@ -16,6 +16,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_named
@@ -143,6 +144,15 @@ def run_read(argv: Any) -> dict[str, Any]:
     return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
+def run_reads(reads: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every read at once (each waits on its own process; together they take as long as the slowest), by name."""
+    if len(reads) < 2:
+        return {str(name): run_read(argv) for name, argv in reads.items()}
+    with ThreadPoolExecutor(max_workers=len(reads)) as pool:
+        futures = {str(name): pool.submit(run_read, argv) for name, argv in reads.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
 class StampError(Exception):
     pass
 
@@ -218,7 +228,7 @@ class StageStamp:
         out = {"changed": False, "converged": not reason, "reason": reason, "changed_keys": keys,
                "fingerprint": digest(now)}  # fmt: skip
         if reason and self.p.get("reads"):
-            out["reads"] = {str(name): run_read(argv) for name, argv in self.p["reads"].items()}
+            out["reads"] = run_reads(self.p["reads"])
         return out
 
     def record(self, check_mode: bool) -> dict[str, Any]:

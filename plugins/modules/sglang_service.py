@@ -17,8 +17,12 @@ description:
   - When any of that fails after the unit changed, and O(rollback) is true, the previous unit is put back, systemd
     reloaded and the previous service restarted and waited for (with no previous unit, the new service is stopped,
     disabled and its unit removed). The failure names what failed, what the rollback did and the end of O(log).
+  - Before anything, with O(target) and O(draft), checks that the target's C(config.json) exists and that the draft
+    is an EAGLE-3 draft in SGLang's layout; then, with O(judge), SGLang judges the command line and the draft (the
+    payload's C(sglang_check.judge serve) on this host). What is missing, or what SGLang would run differently or not
+    at all, or load incompletely, fails the call before the unit is touched, in one sentence that names the fix.
   - One module call where a switch of the served setting took one task (and a round trip to the server) for each
-    of the reads, the write, the restart, every health poll and the gates.
+    of the judge, the reads, the write, the restart, every health poll and the gates.
 version_added: "0.4.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
@@ -100,6 +104,43 @@ options:
         type: list
         elements: path
         default: []
+  host:
+    description: The host's name in the failure messages of O(target), O(draft) and O(judge) (the inventory name);
+      left out, the machine's host name.
+    type: str
+  target:
+    description: The target model's directory, whose C(config.json) must exist (checked before anything).
+    type: path
+  draft:
+    description:
+      - The draft served, whose C(config.json) must name C(LlamaForCausalLMEagle3) (SGLang's EAGLE-3 loader) -
+        checked before anything; left out when the server does not speculate. Also named by O(judge)'s refusals.
+    type: path
+  judge:
+    description:
+      - SGLang's judge, asked before anything else (in check mode too, so its O(judge.argv) should then keep no
+        verdict); left out, nothing is judged. A refusal fails the call with nothing changed.
+      - The sglang_serve role passes it to the first call of a deploy (behind a router, the check-mode call that
+        comes before the server leaves the router).
+    type: dict
+    suboptions:
+      argv:
+        description: The judge's command line (the serving host's SGLang Python, C(-m sglang_check.judge serve ...)).
+        type: list
+        elements: str
+        required: true
+      chdir:
+        description: Where it runs (the payload directory, which holds C(sglang_check)).
+        type: path
+        required: true
+      python:
+        description: The SGLang environment's Python, named when the judge cannot run.
+        type: str
+        required: true
+      release:
+        description: The SGLang release named when the verdict names none.
+        type: str
+        default: ""
 extends_documentation_fragment:
   - eagle3.ops.gate
 attributes:
@@ -165,6 +206,10 @@ restored_healthy:
   description: Whether the previous service answered its health after a rollback.
   returned: always
   type: bool
+verdict:
+  description: SGLang's verdict (the judge's JSON line) when O(judge) was given; empty when it printed none.
+  returned: when O(judge) was given
+  type: dict
 stamp:
   description: The kept fingerprint (C(changed), C(fingerprint), C(changed_keys)) when O(stamp) was given and the
     server passed its gates.
@@ -178,6 +223,7 @@ log_tail:
 """
 
 import os
+import platform
 import re
 import time
 from typing import Any
@@ -185,6 +231,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._gate import GATE_SPEC, Gate, GateError, answers
 from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_lines_atomic
+from ansible_collections.eagle3.ops.plugins.module_utils._serving import JUDGE_SPEC, model_refusal, run_judge
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC as STAMP_SPEC
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import StageStamp, StampError
 
@@ -203,6 +250,10 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "accept_hint": {"type": "str", "default": "the draft's weights did not take effect."},
     "rollback": {"type": "bool", "default": True},
     "stamp": {"type": "dict", "options": STAMP_RECORD_SPEC},
+    "host": {"type": "str"},
+    "target": {"type": "path"},
+    "draft": {"type": "path"},
+    "judge": {"type": "dict", "options": JUDGE_SPEC},
     **GATE_SPEC,
 }
 # What a record reads of a stamp's options beyond O(stamp)'s (no liveness: the gates just checked it).
@@ -221,6 +272,7 @@ class Service:
         self.module = module
         self.p = module.params
         self.unit = f"{self.p['name']}.service"
+        self.enabled = False
         self.path = os.path.join(self.p["unit_dir"], self.unit)
         self.result: dict[str, Any] = {"changed": False, "unit_changed": False, "started": False, "smoke": [],
                                        "info": {}, "info_path": None, "accept_length": None, "rolled_back": None,
@@ -272,6 +324,7 @@ class Service:
         self.result["unit_changed"] = previous != self.p["content"]
         running = self.systemctl("is-active", "--quiet", self.unit, check=False) == 0
         enabled = self.systemctl("is-enabled", "--quiet", self.unit, check=False) == 0
+        self.enabled = enabled
         self.result["started"] = self.result["unit_changed"] or not running
         self.result["changed"] = self.result["started"] or not enabled
         if self.module._diff and self.result["unit_changed"]:
@@ -283,7 +336,8 @@ class Service:
         if changed_unit:
             self.write(self.p["content"])
             self.systemctl("daemon-reload")
-        self.systemctl("enable", "--quiet", self.unit)
+        if not self.enabled:  # enabling reloads systemd's view of every unit: only when needed
+            self.systemctl("enable", "--quiet", self.unit)
         self.systemctl("restart" if changed_unit else "start", self.unit)
 
     def gate(self, since: float) -> None:
@@ -326,6 +380,13 @@ class Service:
         return f"previous service restored, {health}, draft {found.group(1) if found else 'none'}"
 
     def run(self) -> None:
+        # Before anything: a refusal changes nothing.
+        host = self.p["host"] or platform.node()
+        refusal = model_refusal(host, self.p["target"], self.p["draft"])
+        if not refusal and self.p["judge"]:
+            self.result["verdict"], refusal = run_judge(self.p["judge"], host, self.p["draft"])
+        if refusal:
+            raise ServiceFailed(refusal)
         previous = self.read()
         must_start = self.plan(previous)
         if self.module.check_mode:

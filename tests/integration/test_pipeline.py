@@ -29,14 +29,6 @@ def read_json(path: str):
     return json.loads(ct("cat", path))
 
 
-@pytest.fixture(scope="module")
-def trained(lab):
-    # Forced past the fingerprint: the tests read what every stage says (the run may be another module's).
-    proc = run_playbook(ROOT / "train.yml", "-e", "eagle3_force=true", timeout=1800)
-    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
-    return proc
-
-
 def test_the_pipeline_trains_a_drafter_that_beats_an_untrained_one(trained):
     result = json.loads((LAB_STATE / "reports" / "train-ct129.json").read_text())
     assert result == read_json(f"{RUN}/train/state/result.json")

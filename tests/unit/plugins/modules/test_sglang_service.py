@@ -255,3 +255,125 @@ def test_the_module_documents_every_option(capsys):
         yaml.safe_load(ModuleDocFragment.DOCUMENTATION)["options"])
     assert documented == set(mod.ARGUMENT_SPEC), documented ^ set(mod.ARGUMENT_SPEC)
     assert Path(mod.__file__).name == "sglang_service.py"
+
+
+JUDGE = r"""#!/bin/sh
+# sglang_check.judge as sglang_service runs it: records where and how, answers as $FAKE_SYSTEMD/verdict says
+printf '%s\n' "$PWD" "$@" > "$FAKE_SYSTEMD/judged"
+cat "$FAKE_SYSTEMD/verdict"
+[ -f "$FAKE_SYSTEMD/verdict.err" ] && cat "$FAKE_SYSTEMD/verdict.err" >&2
+exit "$(cat "$FAKE_SYSTEMD/verdict.rc")"
+"""
+
+
+def models(tmp_path, architectures: list[str] | None = None) -> dict:
+    """A target and a draft (an EAGLE-3 one in SGLang's layout unless ``architectures`` says otherwise), and the host's
+    name, as sglang_service's options name them."""
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for path, config in ((target, {"architectures": ["LlamaForCausalLM"]}),
+                         (draft, {"architectures": architectures or ["LlamaForCausalLMEagle3"]})):
+        path.mkdir(exist_ok=True)
+        (path / "config.json").write_text(json.dumps(config))
+    return {"host": "ct130", "target": str(target), "draft": str(draft)}
+
+
+def judge(fake, tmp_path, rc: int, verdict: dict, stderr: str = "") -> dict:
+    """A judge that answers ``verdict`` with exit ``rc``, as sglang_service's option ``judge`` names it."""
+    script = tmp_path / "judge"
+    script.write_text(JUDGE)
+    script.chmod(0o755)
+    (fake["state"] / "verdict").write_text(json.dumps(verdict) + "\n")
+    (fake["state"] / "verdict.rc").write_text(str(rc))
+    if stderr:
+        (fake["state"] / "verdict.err").write_text(stderr)
+    return {"argv": [str(script), "serve", "--", "--speculative-num-draft-tokens", "16"], "chdir": str(tmp_path),
+            "python": "/opt/sglang/bin/python", "release": "0.5.23"}
+
+
+def test_the_judge_is_asked_first_and_a_verdict_that_passes_serves(fake, tmp_path, capsys):
+    spec = judge(fake, tmp_path, 0, {"ok": True, "sglang": "0.5.23", "args": {"ok": True}})
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), "judge": spec,
+                                         **models(tmp_path)}, capsys=capsys)
+    assert not got.get("failed"), got.get("msg")
+    assert got["verdict"] == {"ok": True, "sglang": "0.5.23", "args": {"ok": True}} and got["started"]
+    where, *argv = (fake["state"] / "judged").read_text().splitlines()
+    assert where == str(tmp_path) and argv == ["serve", "--", "--speculative-num-draft-tokens", "16"]
+
+
+@pytest.mark.parametrize(("rc", "verdict", "stderr", "message"), [
+    (1, {"failed": "args", "sglang": "0.5.22", "args": {"stage": "compare", "error": "speculative-num-draft-tokens 32 "
+                                                         "would run as 16"}}, "",
+     "SGLang 0.5.22 on ct130 would run this command line differently: speculative-num-draft-tokens 32 would run as "
+     "16; fix draft_tokens, speculative_topk or speculative_steps (or sglang_serve_extra_args) so that SGLang runs "
+     "what was asked."),
+    (1, {"failed": "args", "args": {"stage": "check", "error": "tree drafting needs topk > 1"}}, "",
+     "SGLang 0.5.23 on ct130 would not run this command line: tree drafting needs topk > 1; fix draft_tokens"),
+    (1, {"failed": "load", "sglang": "0.5.23", "load": {"problems": ["SGLang refused lm_head.weight [256, 64]",
+                                                                     "nothing wrote fc.weight"]}}, "",
+     "SGLang 0.5.23 on ct130 loads {draft} incompletely: SGLang refused lm_head.weight [256, 64]; nothing wrote "
+     "fc.weight; export the speculators checkpoint for this SGLang release (eagle3_export with sglang_version "
+     "0.5.23)."),
+    (2, {"failed": "load", "load": {"error": "the load check could not run (exit 1): no torch"}}, "",
+     "SGLang on ct130 could not judge the load: the load check could not run (exit 1): no torch; check the SGLang "
+     "environment (/opt/sglang/bin/python) or set sglang_serve_check_args and sglang_serve_check_draft_load to false "
+     "to serve without the judge."),
+    (1, {}, "Traceback (most recent call last):\nModuleNotFoundError: No module named 'sglang_check'\n",
+     "SGLang on ct130 could not judge the command line and draft: ModuleNotFoundError: No module named "
+     "'sglang_check'; check the SGLang environment"),
+])  # fmt: skip
+def test_a_refusal_names_what_sglang_refused_and_changes_nothing(fake, tmp_path, capsys, rc, verdict, stderr,
+                                                                 message):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    calls(fake)
+    spec = judge(fake, tmp_path, rc, verdict, stderr)
+    for check in (False, True):  # asked in check mode too (its argv then keeps no verdict)
+        got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), "judge": spec,
+                                         **models(tmp_path)}, check=check,
+                         capsys=capsys)  # fmt: skip
+        assert got.get("failed") and got["msg"].startswith(message.format(draft=tmp_path / "draft")), got["msg"]
+        assert "\\" not in got["msg"] and not got["changed"] and got["rolled_back"] is None
+        assert fake["unit"].read_text() == unit("/d/old") and calls(fake) == []  # not even a systemctl read
+
+
+def test_a_judge_that_cannot_start_is_named_with_its_environment(fake, tmp_path, capsys):
+    spec = {"argv": [str(tmp_path / "no-python"), "-m", "sglang_check.judge"], "chdir": str(tmp_path),
+            "python": str(tmp_path / "no-python")}
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), "judge": spec,
+                                         **models(tmp_path)}, capsys=capsys)
+    assert got.get("failed") and not fake["unit"].exists()
+    assert got["msg"].startswith("SGLang on ct130 could not judge the command line and draft: No such file or "
+                                 f"directory: {tmp_path / 'no-python'}; check the SGLang environment"), got["msg"]
+
+
+def test_an_enabled_service_is_not_enabled_again_on_a_switch(fake, capsys):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    calls(fake)
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new")}, capsys=capsys)
+    assert not got.get("failed") and got["started"]
+    assert [c for c in calls(fake) if not c.startswith("is-")] == ["daemon-reload", "restart sglang.service"]
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ("target", "The target {tmp}/target/config.json is missing on ct130: export the speculators checkpoint with "
+               "eagle3_export (deploy.yml does) or fix the path."),
+    ("draft", "The draft {tmp}/draft/config.json is missing on ct130: export"),
+    ("layout", "The draft {tmp}/draft is not in SGLang layout (architectures ['LlamaEagle3Speculator']) on ct130: "
+               "export the speculators checkpoint"),
+])  # fmt: skip
+def test_a_missing_target_or_a_draft_sglang_cannot_load_is_refused_before_the_judge(fake, tmp_path, capsys, change,
+                                                                                     says):
+    run_module("sglang_service", {**fake["args"], "content": unit("/d/old")}, capsys=capsys)
+    calls(fake)
+    named = models(tmp_path, ["LlamaEagle3Speculator"] if change == "layout" else None)
+    if change != "layout":
+        (Path(named[change]) / "config.json").unlink()
+    spec = judge(fake, tmp_path, 0, {"ok": True})
+    got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), "judge": spec, **named},
+                     capsys=capsys)  # fmt: skip
+    assert got.get("failed") and got["msg"].startswith(says.format(tmp=tmp_path)), got["msg"]
+    assert not (fake["state"] / "judged").exists() and calls(fake) == []
+    assert fake["unit"].read_text() == unit("/d/old")
+    named.pop("draft")  # a server without speculation: the target alone is checked
+    if change != "target":
+        got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), **named}, capsys=capsys)
+        assert not got.get("failed"), got["msg"]

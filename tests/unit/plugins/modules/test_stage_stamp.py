@@ -247,6 +247,15 @@ def test_a_stage_that_runs_takes_its_reads_in_the_same_call_and_a_converged_one_
     assert again["converged"] is True and "reads" not in again and not marker.exists()  # nothing follows: no read
 
 
+def test_the_reads_run_at_once(tmp_path, capsys):
+    """Each read waits for the other's mark: run one after the other, the first would give up (rc 1)."""
+    wait = 'touch "$1"; i=0; while [ ! -e "$2" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; [ -e "$2" ]'
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    got = check(stage(tmp_path), capsys, reads={"first": ["sh", "-c", wait, "sh", a, b],
+                                                "second": ["sh", "-c", wait, "sh", b, a]})  # fmt: skip
+    assert got["reads"]["first"]["rc"] == 0 and got["reads"]["second"]["rc"] == 0, got["reads"]
+
+
 def test_the_reads_argv_are_the_roles_own():
     """deploy.yml's check reads the GPUs and the release with the argv gpu_facts and sglang_runtime run themselves."""
     from ansible_collections.eagle3.ops.plugins.filter.gpu import GPU_FIELDS, nvidia_smi_csv, nvidia_smi_query

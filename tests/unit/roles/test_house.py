@@ -71,7 +71,7 @@ def _homes(pattern: str) -> set[str]:
     (r"-p ActiveState -p Result", {"roles/eagle3_common/tasks/unit_wait.yml"}),
     (r"memory\.used|nvidia_smi_query", {"roles/gpu_facts/tasks/gather.yml"}),  # the argv: filter/gpu.py
     (r"-m, venv|'venv'", {"roles/pinned_venv/tasks/main.yml"}),
-    (r"cleanup_summary\.j2", {"roles/gpu_cleanup/tasks/fleet.yml"}),
+    (r"cleanup_summary\.j2", {"roles/gpu_cleanup/tasks/summary.yml"}),
 ], ids=["transient unit", "health wait", "job wait", "nvidia-smi query", "venv build", "cleanup summary"])  # fmt: skip
 def test_one_home_per_shape(pattern: str, home: set[str]):
     assert _homes(pattern) == home

@@ -51,6 +51,14 @@ def test_the_pipeline_trains_a_drafter_that_beats_an_untrained_one(trained):
                                         "world": 1, "rank": 0}  # fmt: skip
     assert "Data generation complete!" in ct("cat", f"{RUN}/data/logs/hidden.log")
     assert "tau:" in trained.stdout and "best_epoch:" in trained.stdout
+    # vLLM's own EAGLE-3 decoding measured the best epoch (vllm_judge): its accept length is one plus the acceptance
+    # rate of each draft position, and well above one (an untrained draft accepts about nothing).
+    judged = re.search(r"vLLM \d[\d.]* measured accept length ([\d.]+) for \S+/checkpoint_best at 3 draft tokens "
+                       r"\(\d+ prompts, per position \[([\d., ]+)\]\), trainer estimate tau [\d.]+",
+                       flat(trained.stdout))  # fmt: skip
+    assert judged, flat(trained.stdout)[-3000:]
+    accept, rates = float(judged.group(1)), [float(x) for x in judged.group(2).split(",")]
+    assert accept > 1.5 and len(rates) == 3 and accept == pytest.approx(1 + sum(rates), abs=1e-3), judged.group(0)
     # The check follows the lab's SGLang (0.5.23): speculators' names stay.
     assert re.search(r"Export check of \S+checkpoint_best: 0 keys would be renamed for SGLang 0\.5\.23 and newer; "
                      r"nothing incompatible with SGLang", flat(trained.stdout))

@@ -28,7 +28,8 @@ INVENTORY = {"all": {"children": {"routers": {"hosts": {"rtr": {"ansible_host": 
 SMI = '#!/bin/sh\necho "0, GPU-1, NVIDIA H200, 900, 143771, 75.0, 700.0, 0"\n'
 
 
-def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "srv") -> str:
+def run_tasks(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "srv"):
+    """One task file of a role, run by Ansible on the controller with EXTRA over the lab's inventory shape."""
     (tmp_path / "play.yml").write_text(PLAY.format(hosts=hosts, role=role, tasks=tasks))
     (tmp_path / "hosts.json").write_text(json.dumps(INVENTORY))
     smi = tmp_path / "nvidia-smi"
@@ -36,9 +37,13 @@ def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "sr
     smi.chmod(0o755)
     values = {"ansible_python_interpreter": sys.executable, "gpu_facts_nvidia_smi": str(smi),
               "eagle3_target_path": "/srv/target", **extra}  # fmt: skip
-    proc = run_playbook(tmp_path / "play.yml", "-i", str(tmp_path / "hosts.json"), "-e", json.dumps(values),
+    return run_playbook(tmp_path / "play.yml", "-i", str(tmp_path / "hosts.json"), "-e", json.dumps(values),
                         check=False, env=ansible_env(ANSIBLE_INVENTORY=str(tmp_path / "hosts.json")),
                         timeout=120)  # fmt: skip
+
+
+def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "srv") -> str:
+    proc = run_tasks(tmp_path, role, tasks, extra, hosts)
     assert proc.returncode == 2, proc.stdout[-2000:]
     found = re.search(r"\[ERROR\]: Task failed: Action failed: (.*)", proc.stdout + proc.stderr)
     assert found, proc.stdout[-2000:]
@@ -69,12 +74,8 @@ def test_a_bad_argument_is_refused_in_its_own_sentence(tmp_path, role, tasks, ex
 
 
 def test_good_arguments_pass_the_same_checks(tmp_path):
-    (tmp_path / "play.yml").write_text(PLAY.format(hosts="srv", role="sglang_serve", tasks="validate.yml"))
-    (tmp_path / "hosts.json").write_text(json.dumps(INVENTORY))
-    values = {"ansible_python_interpreter": sys.executable, "eagle3_target_path": "/srv/target",
-              "sglang_serve_host": "0.0.0.0", "draft_tokens": 10}  # noqa: S104 - a value checked, nothing binds
-    proc = run_playbook(tmp_path / "play.yml", "-i", str(tmp_path / "hosts.json"), "-e", json.dumps(values),
-                        check=False, env=ansible_env(ANSIBLE_INVENTORY=str(tmp_path / "hosts.json")), timeout=120)
+    good = {"sglang_serve_host": "0.0.0.0", "draft_tokens": 10}  # noqa: S104 - a value checked, nothing binds
+    proc = run_tasks(tmp_path, "sglang_serve", "validate.yml", good)
     assert proc.returncode == 0, proc.stdout[-2000:]
 
 

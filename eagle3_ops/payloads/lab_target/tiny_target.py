@@ -14,21 +14,34 @@ against the one shared storage, and the second one waits for the first and then 
 builds at once would each train the model and then replace each other's directory). A rebuild moves the old
 directory aside, renames the new one in and only then removes the old one.
 
+With ``--cache DIR`` (the lab mounts one machine-wide directory into every container) a target built before on
+this machine with the same arguments, corpus, builder code, Python and library versions is copied from there instead
+of trained again, and a new build is kept there (each lab, its fleet and the molecule scenarios build the same
+target; training it takes about half a minute on two cores). The entry is keyed by a hash of all of that, written
+under a temporary name and renamed into place when complete; a cache that is missing, full or read-only only costs
+the build. The four newest entries are kept.
+
 Usage: python3 -m lab_target.tiny_target --corpus prompts.jsonl --out /srv/eagle3/models/tiny-llama
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
+import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 MARKER = "eagle3_lab_target.json"
+CACHE_KIND = "tiny-target"  # the builder's subdirectory of the shared cache
+CACHE_KEEP = 4  # entries kept in the cache (older ones are removed when a build is kept)
 # A chat template small enough to read: the server and the data stage both format turns with it.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -132,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--sharpen", type=float, default=1.0, help="scale of the output head after training")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", default="", help="a directory this machine's builds share (see above); '' for none")
     args = ap.parse_args(argv)
-    wanted = {k: v for k, v in vars(args).items() if k != "out"}
+    wanted = {k: v for k, v in vars(args).items() if k not in ("out", "cache")}
     wanted["corpus"] = os.path.basename(args.corpus)
     out = os.path.abspath(args.out)
     parent = os.path.dirname(out)
@@ -166,12 +180,108 @@ def make_target(tmp: str, args: argparse.Namespace) -> tuple[int, float]:
     return len(tok), build_model(tmp, tok, pairs, args)
 
 
+def cache_entry(args: argparse.Namespace, wanted: dict[str, Any]) -> str | None:
+    """Where a build with these inputs is kept in the cache (--cache), or None without a cache to use."""
+    if not args.cache:
+        return None
+    if not os.path.isdir(args.cache):
+        print(f"note: no build cache at {args.cache} (not mounted here): the target is built", file=sys.stderr)
+        return None
+    inputs: dict[str, Any] = {k: v for k, v in wanted.items() if k != "corpus"}
+    for name, path in (("corpus", args.corpus), ("code", __file__)):
+        with open(path, "rb") as fh:
+            inputs[name] = hashlib.sha256(fh.read()).hexdigest()
+    inputs["python"] = list(sys.version_info[:3])
+    for dist in ("torch", "transformers", "tokenizers", "safetensors"):
+        try:
+            inputs[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            inputs[dist] = None
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
+    return os.path.join(args.cache, CACHE_KIND, key)
+
+
+def from_cache(entry: str | None, tmp: str) -> bool:
+    """Copy a complete cache entry into TMP; False (TMP emptied) when there is none or it cannot be read whole."""
+    if entry is None or not os.path.isfile(os.path.join(entry, MARKER)):
+        return False
+    try:
+        shutil.copytree(entry, tmp, dirs_exist_ok=True)
+        os.utime(entry)  # the newest use: pruning keeps the entries used last
+        return True
+    except OSError as exc:  # removed by a newer build's pruning while copied, say: build instead
+        print(f"note: could not copy {entry} ({exc}): the target is built", file=sys.stderr)
+        shutil.rmtree(tmp)
+        os.mkdir(tmp, 0o700)
+        return False
+
+
+def keep_in_cache(src: str, entry: str) -> None:
+    """Put a complete build into the cache (renamed into place when complete) and keep the CACHE_KEEP newest."""
+    kind = os.path.dirname(entry)
+    part = None
+    try:
+        os.makedirs(kind, exist_ok=True)
+        part = tempfile.mkdtemp(prefix=".part-", dir=kind)
+        shutil.copytree(src, part, dirs_exist_ok=True)
+        os.chmod(part, 0o755)  # noqa: S103 -- read by every lab container
+        os.rename(part, entry)  # refused when another builder's entry is there already: theirs stays
+        part = None
+        entries = sorted((e for e in os.scandir(kind) if e.is_dir() and not e.name.startswith(".")),
+                         key=lambda e: e.stat().st_mtime, reverse=True)  # fmt: skip
+        for old in entries[CACHE_KEEP:]:
+            shutil.rmtree(old.path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(kind, f".{old.name}.lock"))
+    except OSError as exc:
+        if not os.path.isfile(os.path.join(entry, MARKER)):
+            print(f"note: the build was not kept in the cache {kind} ({exc})", file=sys.stderr)
+    finally:
+        if part:
+            shutil.rmtree(part, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cache_lock(entry: str | None) -> Iterator[None]:
+    """Hold the lock of one cache entry: builders of the same inputs on this machine (another lab's trainer, say)
+    wait for the first and copy its build, where two builds at once would each take twice as long on two cores. No
+    lock (nothing to wait for) when the cache has no room for one."""
+    if entry is None:
+        yield
+        return
+    try:
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        lock = open(f"{os.path.dirname(entry)}/.{os.path.basename(entry)}.lock", "a", encoding="utf-8")  # noqa: SIM115
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
+
+
 def build(args: argparse.Namespace, out: str, wanted: dict[str, Any]) -> int:
+    entry = cache_entry(args, wanted)
+    with cache_lock(entry):
+        return install(args, out, wanted, entry)
+
+
+def install(args: argparse.Namespace, out: str, wanted: dict[str, Any], entry: str | None) -> int:
+    """The target into OUT, complete or not at all: copied from the cache ENTRY when it holds one, else built (and
+    kept in the cache)."""
     tmp = tempfile.mkdtemp(prefix=".tiny-target-", dir=os.path.dirname(out))
     try:
-        vocab, final_loss = make_target(tmp, args)
+        copied = from_cache(entry, tmp)
+        if copied:
+            said = f"copied {out} from the build cache ({entry}, made on this machine from the same inputs)"
+        else:
+            vocab, final_loss = make_target(tmp, args)
+            said = (f"built {out} (vocab {vocab}, {args.layers} layers, hidden {args.hidden}, "
+                    f"final training loss {final_loss:.3f})")  # fmt: skip
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as fh:
             json.dump(wanted, fh, indent=1)
+        if entry and not copied:
+            keep_in_cache(tmp, entry)
         os.chmod(tmp, 0o755)  # noqa: S103 -- a model directory others read (mkdtemp makes it 0700)
         old = None
         if os.path.exists(out):
@@ -189,9 +299,7 @@ def build(args: argparse.Namespace, out: str, wanted: dict[str, Any]) -> int:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(
-        f"built {out} (vocab {vocab}, {args.layers} layers, hidden {args.hidden}, final training loss {final_loss:.3f})"
-    )
+    print(said)
     return 0
 
 

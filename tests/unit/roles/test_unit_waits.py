@@ -1,0 +1,149 @@
+"""eagle3_common's waits for a job's unit (unit_wait.yml) and for a server's health (unit_health.yml), run by Ansible
+on the controller against a stand-in systemctl (its answer is a file the test writes) and a health endpoint on
+loopback: the end of a job, or a server's first healthy answer, is seen within the call that is waiting (the call
+watches the host itself), not one poll interval and a round trip later; a server whose unit is gone ends the wait."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.conftest import ansible_env, run_playbook
+
+PLAY = """- name: One wait of eagle3_common on the controller
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: The wait
+      ansible.builtin.import_role:
+        name: eagle3.ops.eagle3_common
+        tasks_from: {tasks}
+    - name: Keep what the wait saw
+      ansible.builtin.copy:
+        content: "{{{{ {register} | to_json }}}}"
+        dest: {saw}
+        mode: "0644"
+"""
+SYSTEMCTL = """#!/bin/sh
+# systemctl show -p ActiveState [...] [--value] -- UNIT. The state is the file state's content, or - once the seconds
+# the file flip names have passed since the first call (kept in first) - the state it names.
+dir=$(dirname "$0")
+now=$(date +%s.%N)
+[ -e "$dir/first" ] || echo "$now" > "$dir/first"
+state=$(cat "$dir/state")
+if [ -e "$dir/flip" ]; then
+  set -- $(cat "$dir/flip") "$@"
+  awk -v now="$now" -v first="$(cat "$dir/first")" -v after="$1" 'BEGIN { exit !(now - first >= after) }' && state=$2
+  shift 2
+fi
+case " $* " in
+  *" --value "*) echo "$state" ;;
+  *) printf 'ActiveState=%s\\nResult=success\\nExecMainStatus=0\\nNRestarts=0\\n' "$state" ;;
+esac
+"""
+
+
+def unit(tmp_path: Path, state: str, flip: str = "") -> Path:
+    """The stand-in's state (and its change, "SECONDS STATE" after its first call)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "state").write_text(state + "\n")
+    if flip:
+        (fake / "flip").write_text(flip + "\n")
+    return fake
+
+
+def wait(tmp_path: Path, tasks: str, register: str, values: dict) -> tuple[int, dict, str]:
+    (tmp_path / "play.yml").write_text(PLAY.format(tasks=tasks, register=register, saw=tmp_path / "saw.json"))
+    fake = tmp_path / "bin"
+    (fake / "systemctl").write_text(SYSTEMCTL)
+    (fake / "systemctl").chmod(0o755)
+    values = {"ansible_python_interpreter": sys.executable, "eagle3_common_unit": "eagle3-job",
+              "eagle3_common_unit_log": str(tmp_path / "job.log"), **values}  # fmt: skip
+    env = ansible_env()
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    proc = run_playbook(tmp_path / "play.yml", "-i", "localhost,", "-e", json.dumps(values), check=False, env=env,
+                        timeout=120)  # fmt: skip
+    saw = tmp_path / "saw.json"
+    return proc.returncode, json.loads(saw.read_text()) if saw.exists() else {}, proc.stdout
+
+
+def test_a_job_that_ends_is_seen_within_the_waiting_call(tmp_path):
+    unit(tmp_path, "active", flip="1 inactive")
+    polls = tmp_path / "polls"
+    rc, saw, out = wait(tmp_path, "unit_wait.yml", "eagle3_common_unit_waited", {
+        "eagle3_common_unit_timeout": 120, "eagle3_common_unit_poll": 30,
+        "eagle3_common_unit_progress": ["sh", "-c", f"echo poll >> {polls}; echo epoch 1"]})  # fmt: skip
+    assert rc == 0, out[-3000:]
+    assert "ActiveState=inactive" in saw["stdout"] and saw["stdout"].endswith("epoch 1")
+    # One call: it watched the unit until it ended, ran the progress once and returned (the poll interval, 30 s,
+    # is the most a call waits; a call that returned before the end would be followed by a second one).
+    assert polls.read_text() == "poll\n" and saw.get("attempts", 1) == 1
+
+
+def test_a_job_still_running_after_a_window_reports_progress_and_waits_on(tmp_path):
+    unit(tmp_path, "activating", flip="3.5 failed")
+    polls = tmp_path / "polls"
+    rc, saw, out = wait(tmp_path, "unit_wait.yml", "eagle3_common_unit_waited", {
+        "eagle3_common_unit_timeout": 60, "eagle3_common_unit_poll": 1, "eagle3_common_unit_check_result": False,
+        "eagle3_common_unit_progress": ["sh", "-c", f"echo poll >> {polls}"]})  # fmt: skip
+    assert rc == 0, out[-3000:]
+    assert "ActiveState=failed" in saw["stdout"]
+    assert 2 <= len(polls.read_text().splitlines()) <= 6 and saw["attempts"] >= 2  # a progress report per window
+
+
+def test_a_server_is_seen_healthy_within_the_waiting_call(tmp_path):
+    fake = unit(tmp_path, "activating")
+    asked: list[str] = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    port = server.server_address[1]
+    server.server_close()  # nothing listens until the "server" comes up
+    up: list[http.server.ThreadingHTTPServer] = []
+
+    def start() -> None:  # a second and a half after the wait's first look at the unit
+        while not (fake / "first").exists():
+            time.sleep(0.05)
+        time.sleep(1.5)
+        up.append(http.server.ThreadingHTTPServer(("127.0.0.1", port), Health))
+        threading.Thread(target=up[0].serve_forever, daemon=True).start()
+
+    started = threading.Thread(target=start, daemon=True)
+    started.start()
+    try:
+        rc, saw, out = wait(tmp_path, "unit_health.yml", "__eagle3_common_unit_health", {
+            "eagle3_common_unit_url": f"http://127.0.0.1:{port}", "eagle3_common_unit_python": sys.executable,
+            "eagle3_common_unit_timeout": 60, "eagle3_common_unit_what": "The test server"})  # fmt: skip
+    finally:
+        started.join(timeout=60)
+        for s in up:
+            s.shutdown()
+            s.server_close()
+    assert rc == 0, out[-3000:]
+    assert saw["rc"] == 0 and saw.get("attempts", 1) == 1 and asked == ["/health"]
+
+
+def test_a_server_whose_unit_is_gone_ends_the_wait_naming_it(tmp_path):
+    unit(tmp_path, "failed")
+    (tmp_path / "job.log").write_text("Traceback ...\nRuntimeError: out of memory\n")
+    rc, _, out = wait(tmp_path, "unit_health.yml", "__eagle3_common_unit_health", {
+        "eagle3_common_unit_url": "http://127.0.0.1:9", "eagle3_common_unit_python": sys.executable,
+        "eagle3_common_unit_timeout": 600, "eagle3_common_unit_what": "The test server"})  # fmt: skip
+    assert rc == 2
+    flat = " ".join(out.split())
+    assert "The test server (eagle3-job) on localhost exited (failed): fix what its log" in flat, flat[-2000:]
+    assert "RuntimeError: out of memory" in flat

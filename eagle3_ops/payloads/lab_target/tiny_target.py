@@ -225,6 +225,8 @@ def keep_in_cache(src: str, entry: str) -> None:
         part = tempfile.mkdtemp(prefix=".part-", dir=kind)
         shutil.copytree(src, part, dirs_exist_ok=True)
         os.chmod(part, 0o755)  # noqa: S103 -- read by every lab container
+        if os.path.isdir(entry) and not os.path.isfile(os.path.join(entry, MARKER)):
+            shutil.rmtree(entry)  # not one this code wrote (each appears complete): replaced, under the entry's lock
         os.rename(part, entry)  # refused when another builder's entry is there already: theirs stays
         part = None
         entries = sorted((e for e in os.scandir(kind) if e.is_dir() and not e.name.startswith(".")),
@@ -246,13 +248,14 @@ def cache_lock(entry: str | None) -> Iterator[None]:
     """Hold the lock of one cache entry: builders of the same inputs on this machine (another lab's trainer, say)
     wait for the first and copy its build, where two builds at once would each take twice as long on two cores. No
     lock (nothing to wait for) when the cache has no room for one."""
-    if entry is None:
-        yield
-        return
-    try:
-        os.makedirs(os.path.dirname(entry), exist_ok=True)
-        lock = open(f"{os.path.dirname(entry)}/.{os.path.basename(entry)}.lock", "a", encoding="utf-8")  # noqa: SIM115
-    except OSError:
+    lock = None
+    if entry is not None:
+        try:
+            os.makedirs(os.path.dirname(entry), exist_ok=True)
+            lock = open(f"{os.path.dirname(entry)}/.{os.path.basename(entry)}.lock", "a", encoding="utf-8")  # noqa: SIM115
+        except OSError:
+            lock = None
+    if lock is None:
         yield
         return
     with lock:

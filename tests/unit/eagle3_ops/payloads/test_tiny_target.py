@@ -157,3 +157,15 @@ def test_an_entry_another_builder_put_there_first_stays(tmp_path, builds, monkey
     assert run(tmp_path / "b" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
     assert (entry / "model.safetensors").read_text() == "theirs" and entries(cache) == [key]
     assert [p.name for p in (cache / tiny_target.CACHE_KIND).iterdir() if p.name.startswith(".part")] == []
+
+
+def test_an_incomplete_entry_is_rebuilt_and_replaced(tmp_path, builds, capsys):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    assert run(tmp_path / "a" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
+    [key] = entries(cache)
+    entry = cache / tiny_target.CACHE_KIND / key
+    (entry / tiny_target.MARKER).unlink()  # as if someone removed part of it by hand
+    assert run(tmp_path / "b" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
+    assert len(builds) == 2 and (entry / tiny_target.MARKER).is_file() and entries(cache) == [key]
+    assert "not kept" not in capsys.readouterr().err

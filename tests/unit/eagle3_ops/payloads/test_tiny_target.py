@@ -69,13 +69,26 @@ def test_a_rebuild_replaces_the_target_only_when_complete(tmp_path, builds):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny-llama.lock", "tiny-llama"]
 
 
+@pytest.fixture
+def cache(tmp_path) -> Path:
+    """The machine's build cache (the directory the lab mounts in every container)."""
+    path = tmp_path / "cache"
+    path.mkdir()
+    return path
+
+
+def entry_of_a_first_build(tmp_path: Path, cache: Path) -> Path:
+    """Build once with --cache and return the entry that build kept."""
+    assert run(tmp_path / "a" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
+    [key] = entries(cache)
+    return cache / tiny_target.CACHE_KIND / key
+
+
 def entries(cache: Path) -> list[str]:
     return sorted(p.name for p in (cache / tiny_target.CACHE_KIND).iterdir() if not p.name.startswith("."))
 
 
-def test_a_build_is_kept_in_the_cache_and_another_lab_copies_it(tmp_path, builds, capsys):
-    cache = tmp_path / "cache"
-    cache.mkdir()
+def test_a_build_is_kept_in_the_cache_and_another_lab_copies_it(tmp_path, cache, builds, capsys):
     first, second = tmp_path / "lab1" / "tiny-llama", tmp_path / "lab2" / "tiny-llama"
     assert run(first, "--steps", "7", "--cache", str(cache)) == 0
     assert len(builds) == 1 and "built " in capsys.readouterr().out
@@ -95,9 +108,7 @@ def test_a_build_is_kept_in_the_cache_and_another_lab_copies_it(tmp_path, builds
     assert len(builds) == 2 and len(entries(cache)) == 2
 
 
-def test_the_cache_keeps_the_newest_entries(tmp_path, builds):
-    cache = tmp_path / "cache"
-    cache.mkdir()
+def test_the_cache_keeps_the_newest_entries(tmp_path, cache, builds):
     for steps in range(1, tiny_target.CACHE_KEEP + 3):
         assert run(tmp_path / "tiny-llama", "--steps", str(steps), "--cache", str(cache)) == 0
     assert len(entries(cache)) == tiny_target.CACHE_KEEP
@@ -117,18 +128,14 @@ def test_a_cache_that_is_missing_or_cannot_be_written_only_costs_the_build(tmp_p
     assert len(builds) == 2
 
 
-def test_a_failed_build_keeps_nothing_in_the_cache(tmp_path, builds):
-    cache = tmp_path / "cache"
-    cache.mkdir()
+def test_a_failed_build_keeps_nothing_in_the_cache(tmp_path, cache, builds):
     with pytest.raises(RuntimeError, match="diverged"):
         run(tmp_path / "tiny-llama", "--steps", "-1", "--cache", str(cache))
     assert not (cache / tiny_target.CACHE_KIND).exists() or entries(cache) == []
     assert not (tmp_path / "tiny-llama").exists()
 
 
-def test_two_labs_building_at_once_build_once(tmp_path, builds, capsys):
-    cache = tmp_path / "cache"
-    cache.mkdir()
+def test_two_labs_building_at_once_build_once(tmp_path, cache, builds, capsys):
     codes: list[int] = []
     outs = [tmp_path / f"lab{i}" / "tiny-llama" for i in range(2)]
     threads = [threading.Thread(target=lambda o=o: codes.append(run(o, "--steps", "7", "--cache", str(cache))))
@@ -146,26 +153,18 @@ def test_two_labs_building_at_once_build_once(tmp_path, builds, capsys):
     assert sorted(p.name for p in (cache / tiny_target.CACHE_KIND).iterdir()) == [f".{key}.lock", key]
 
 
-def test_an_entry_another_builder_put_there_first_stays(tmp_path, builds, monkeypatch):
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    assert run(tmp_path / "a" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
-    [key] = entries(cache)
-    entry = cache / tiny_target.CACHE_KIND / key
+def test_an_entry_another_builder_put_there_first_stays(tmp_path, cache, builds, monkeypatch):
+    entry = entry_of_a_first_build(tmp_path, cache)
     (entry / "model.safetensors").write_text("theirs")
     monkeypatch.setattr(tiny_target, "from_cache", lambda entry, tmp: False)  # as if it appeared during our build
     assert run(tmp_path / "b" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
-    assert (entry / "model.safetensors").read_text() == "theirs" and entries(cache) == [key]
+    assert (entry / "model.safetensors").read_text() == "theirs" and entries(cache) == [entry.name]
     assert [p.name for p in (cache / tiny_target.CACHE_KIND).iterdir() if p.name.startswith(".part")] == []
 
 
-def test_an_incomplete_entry_is_rebuilt_and_replaced(tmp_path, builds, capsys):
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    assert run(tmp_path / "a" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
-    [key] = entries(cache)
-    entry = cache / tiny_target.CACHE_KIND / key
+def test_an_incomplete_entry_is_rebuilt_and_replaced(tmp_path, cache, builds, capsys):
+    entry = entry_of_a_first_build(tmp_path, cache)
     (entry / tiny_target.MARKER).unlink()  # as if someone removed part of it by hand
     assert run(tmp_path / "b" / "tiny-llama", "--steps", "7", "--cache", str(cache)) == 0
-    assert len(builds) == 2 and (entry / tiny_target.MARKER).is_file() and entries(cache) == [key]
+    assert len(builds) == 2 and (entry / tiny_target.MARKER).is_file() and entries(cache) == [entry.name]
     assert "not kept" not in capsys.readouterr().err

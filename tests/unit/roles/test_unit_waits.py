@@ -1,5 +1,6 @@
-"""eagle3_common's waits for a job's unit (unit_wait.yml) and for a server's health (unit_health.yml), run by Ansible
-on the controller against a stand-in systemctl (its answer is a file the test writes) and a health endpoint on
+"""The waits on a host's units: eagle3_common's for a job's unit (unit_wait.yml) and for a server's health
+(unit_health.yml), and gpu_cleanup's for a job over several nodes to stop on its other hosts (span_wait.yml), run by
+Ansible on the controller against a stand-in systemctl (its answer is a file the test writes) and a health endpoint on
 loopback: the end of a job, or a server's first healthy answer, is seen within the call that is waiting (the call
 watches the host itself), not one poll interval and a round trip later; a server whose unit is gone ends the wait."""
 
@@ -21,7 +22,7 @@ PLAY = """- name: One wait of eagle3_common on the controller
   tasks:
     - name: The wait
       ansible.builtin.import_role:
-        name: eagle3.ops.eagle3_common
+        name: eagle3.ops.{role}
         tasks_from: {tasks}
     - name: Keep what the wait saw
       ansible.builtin.copy:
@@ -30,9 +31,11 @@ PLAY = """- name: One wait of eagle3_common on the controller
         mode: "0644"
 """
 SYSTEMCTL = """#!/bin/sh
-# systemctl show -p ActiveState [...] [--value] -- UNIT. The state is the file state's content, or - once the seconds
-# the file flip names have passed since the first call (kept in first) - the state it names.
+# systemctl show -p ActiveState [...] [--value] -- UNIT, or systemctl is-active --quiet -- UNIT. The state is the
+# file state's content, or - once the seconds the file flip names have passed since the first call (kept in first) -
+# the state it names. Each call adds a line to calls.
 dir=$(dirname "$0")
+echo "$*" >> "$dir/calls"
 now=$(date +%s.%N)
 [ -e "$dir/first" ] || echo "$now" > "$dir/first"
 state=$(cat "$dir/state")
@@ -42,6 +45,7 @@ if [ -e "$dir/flip" ]; then
   shift 2
 fi
 case " $* " in
+  " is-active "*) [ "$state" = active ] ;;
   *" --value "*) echo "$state" ;;
   *) printf 'ActiveState=%s\\nResult=success\\nExecMainStatus=0\\nNRestarts=0\\n' "$state" ;;
 esac
@@ -58,8 +62,9 @@ def unit(tmp_path: Path, state: str, flip: str = "") -> Path:
     return fake
 
 
-def wait(tmp_path: Path, tasks: str, register: str, values: dict) -> tuple[int, dict, str]:
-    (tmp_path / "play.yml").write_text(PLAY.format(tasks=tasks, register=register, saw=tmp_path / "saw.json"))
+def wait(tmp_path: Path, tasks: str, register: str, values: dict, role: str = "eagle3_common") -> tuple[int, dict, str]:
+    (tmp_path / "play.yml").write_text(PLAY.format(role=role, tasks=tasks, register=register,
+                                                   saw=tmp_path / "saw.json"))  # fmt: skip
     fake = tmp_path / "bin"
     (fake / "systemctl").write_text(SYSTEMCTL)
     (fake / "systemctl").chmod(0o755)
@@ -147,3 +152,29 @@ def test_a_server_whose_unit_is_gone_ends_the_wait_naming_it(tmp_path):
     flat = " ".join(out.split())
     assert "The test server (eagle3-job) on localhost exited (failed): fix what its log" in flat, flat[-2000:]
     assert "RuntimeError: out of memory" in flat
+
+
+def span_wait(tmp_path: Path, seconds: int) -> tuple[int, dict, str]:
+    """gpu_cleanup's wait for the job eagle3-train, which spans this host and (here) localhost."""
+    return wait(tmp_path, "span_wait.yml", "__gpu_cleanup_span_active", {
+        "__gpu_cleanup_spans": [[{"unit": "eagle3-train", "action": "stop"}, "localhost"]],
+        "gpu_cleanup_span_timeout": seconds}, role="gpu_cleanup")  # fmt: skip
+
+
+def test_a_job_stopping_on_another_host_is_seen_within_one_call(tmp_path):
+    fake = unit(tmp_path, "active", flip="1.5 inactive")
+    rc, saw, out = span_wait(tmp_path, 60)
+    assert rc == 0, out[-3000:]
+    (result,) = saw["results"]
+    # One call watched the unit on its host until it stopped (several looks, no retry from the controller).
+    assert result["rc"] == 3 and "attempts" not in result
+    assert len((fake / "calls").read_text().splitlines()) >= 3
+
+
+def test_a_job_still_running_on_another_host_fails_the_cleanup_naming_it(tmp_path):
+    unit(tmp_path, "active")
+    rc, _, out = span_wait(tmp_path, 2)
+    assert rc == 2
+    flat = " ".join(out.split())
+    assert ("eagle3-train on localhost still runs 2 s after it was told to stop: stop it there by hand (systemctl "
+            "stop) and rerun the cleanup.") in flat, flat[-2000:]  # fmt: skip

@@ -8,13 +8,19 @@ On the fleet lab (ansible-playbook -i inventory/lab-fleet lab.yml first): makes 
   - the floor: each of the K containers answering the same nvidia-smi query through a bare `pct exec` over its
     node's hop, all K at once (one ssh each).
 Prints seconds per run (median of --runs), the cost of each added container, the ratio to one container and to
-the floor. The bench containers are removed at the end (--keep leaves them for another run).
+the floor. Then, for each K of --deploy-sizes that this machine has room for (a deployed lab server is about
+SERVER_DISK_GIB of runtimes on its container's disk and SERVER_MEMORY_GIB of serving processes), the first K bench
+containers become servers for real - deploy.yml with the pipeline's variables (--pipeline-vars, the fleet lab's),
+all at once (eagle3_rollout_batch=K), serving the drafter the fleet lab trained (train.yml -i inventory/lab-fleet
+first) - and a converged deploy.yml over them is timed, its recap checked for changed=0 on every server. A size
+without room is named with the reason. The bench containers are removed at the end (--keep leaves them for another
+run).
 
 The peer hard-codes /usr/sbin/pct and reads host keys from ~/.ssh/known_hosts: as bench_connection.py does, the
 benchmark links /usr/sbin/pct to the lab's pct for its duration (only when nothing is there) and runs the peer with a
 temporary HOME whose known_hosts holds the lab's host keys, so host key checking stays on.
 
-Usage: python benchmarks/bench_fleet.py [--runs 3] [--sizes 1,2,4,8,16]
+Usage: python benchmarks/bench_fleet.py [--runs 3] [--sizes 1,2,4,8,16] [--deploy-sizes 1,2,4,8,16 | --no-deploy]
        [--lab-vars inventory/lab/group_vars/all.yml ...] [--nodes pve-lab=10022,pve-lab2=10023] [--state-dir .lab]
 """
 
@@ -23,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -38,6 +46,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 FIRST_VMID = 151
+# What deploying one lab server adds (measured 2026-12-04 on the fleet lab: a bench container's root file system grew
+# from 0.22 to 3.0 GiB, its server's resident memory 0.47 GiB), with the room this machine keeps free beside them.
+SERVER_DISK_GIB = 2.8
+SERVER_MEMORY_GIB = 0.5
+SPARE_DISK_GIB, SPARE_MEMORY_GIB = 5.0, 4.0
 SMI = "nvidia-smi --query-gpu=index,memory.used,memory.total,power.draw,utilization.gpu --format=csv,noheader,nounits"
 
 
@@ -48,8 +61,10 @@ def lab_vars(files: list[str]) -> dict:
     return merged
 
 
-def inventory(work: Path, nodes: dict[str, int], vmids: list[int], state: Path, peer: bool = False) -> Path:
-    """An inventory of the bench containers, round-robin over the nodes, each reached through its node's hop."""
+def inventory(work: Path, nodes: dict[str, int], vmids: list[int], state: Path, peer: bool = False,
+              pipeline: Path | None = None) -> Path:
+    """An inventory of the bench containers, round-robin over the nodes, each reached through its node's hop; with
+    pipeline (a group_vars directory), the containers are the servers group and the pipeline's variables apply."""
     names = list(nodes)
     hosts = {}
     for i, vmid in enumerate(vmids):
@@ -69,22 +84,49 @@ def inventory(work: Path, nodes: dict[str, int], vmids: list[int], state: Path, 
                                       "proxmox_node": n, "ansible_python_interpreter": "/usr/bin/python3"}
                                   for n, p in nodes.items()}},
         "containers": {"vars": conn, "hosts": hosts}}}}  # fmt: skip
-    path = work / ("peer" if peer else "pct") / f"k{len(vmids)}" / "hosts.yml"
+    kind = "peer" if peer else "deploy" if pipeline else "pct"
+    path = work / kind / f"k{len(vmids)}" / "hosts.yml"
     (path.parent / "group_vars").mkdir(parents=True, exist_ok=True)
+    if pipeline:
+        data["all"]["children"]["containers"] = {"vars": conn, "children": {"servers": {"hosts": hosts}}}
+        for source in pipeline.glob("*.yml"):
+            shutil.copyfile(source, path.parent / "group_vars" / source.name)
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def playbook(name: str, inv: Path, extra_vars: Path, home: Path | None = None) -> float:
+def no_room(k: int, lxc_path: str) -> str | None:
+    """Why this machine cannot hold K deployed bench servers beside what runs now, or None."""
+    disk = shutil.disk_usage(lxc_path).free / 2**30
+    meminfo = Path("/proc/meminfo").read_text()
+    memory = int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) / 2**20
+    need_disk, need_memory = k * SERVER_DISK_GIB + SPARE_DISK_GIB, k * SERVER_MEMORY_GIB + SPARE_MEMORY_GIB
+    if disk < need_disk:
+        return f"needs {need_disk:.0f} GiB free at {lxc_path}, {disk:.0f} GiB are"
+    if memory < need_memory:
+        return f"needs {need_memory:.0f} GiB of memory available, {memory:.0f} GiB are"
+    return None
+
+
+def converged(output: str) -> bool:
+    """Every host of a recap changed nothing and failed nothing."""
+    recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
+    return bool(recap) and all(changed == unreachable == failed == "0" for _, changed, unreachable, failed in recap)
+
+
+def playbook(name: str, inv: Path, extra_vars: Path, home: Path | None = None, *args: str,
+             expect_converged: bool = False) -> float:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
     if home:
         env.update(HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"))
     start = time.perf_counter()
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "-e", f"@{extra_vars}", name], cwd=ROOT,
-                          env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "-e", f"@{extra_vars}", *args, name],
+                          cwd=ROOT, env=env, capture_output=True, text=True, check=False)  # fmt: skip
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{name} over {inv} failed:\n{proc.stdout[-3000:]}{proc.stderr[-1000:]}")
+    if expect_converged and not converged(proc.stdout):
+        raise SystemExit(f"{name} over {inv} was not converged (a host changed something):\n{proc.stdout[-3000:]}")
     return elapsed
 
 
@@ -117,6 +159,11 @@ def main() -> int:
     ap.add_argument("--nodes", default=None, help="node=port,... (default: lab_ssh_port and the next port)")
     ap.add_argument("--state-dir", help="the lab's key and known_hosts (default .lab; the test lab's is .lab-test)")
     ap.add_argument("--no-peer", action="store_true", help="skip community.proxmox's connection")
+    ap.add_argument("--deploy-sizes", default=None,
+                    help="K for the converged deploy.yml (default: --sizes; any without room here is named)")
+    ap.add_argument("--no-deploy", action="store_true", help="skip the deployed servers and the converged deploy.yml")
+    ap.add_argument("--pipeline-vars", default=str(ROOT / "inventory" / "lab-fleet" / "group_vars"),
+                    help="the group_vars directory whose variables deploy.yml runs with (the fleet lab's)")
     ap.add_argument("--keep", action="store_true", help="leave the bench containers for another run")
     args = ap.parse_args()
     # A stop (SIGTERM) unwinds like Ctrl-C, so the finally below removes the link and the bench containers.
@@ -147,6 +194,10 @@ def main() -> int:
     if linked_pct:
         os.symlink(lab_pct, "/usr/sbin/pct")
     rows = []
+    deploy_sizes = [] if args.no_deploy else [int(k) for k in (args.deploy_sizes or args.sizes).split(",")]
+    lxc_path = str(variables.get("lab_host_lxc_path", "/var/lib/lxc"))
+    deploy_rows: list[tuple[int, float | None, str | None]] = []
+    first_deploy: tuple[int, float] | None = None
     try:
         print(f"creating {len(vmids)} bench containers over {', '.join(nodes)} ...", flush=True)
         playbook("lab.yml", inventory(work, nodes, vmids, state), extra)
@@ -161,6 +212,28 @@ def main() -> int:
             rows.append((k, status, cleanup, peer, low))
             print(f"  K={k}: status {status:.1f} s, cleanup {cleanup:.1f} s, peer status "
                   f"{'-' if peer is None else f'{peer:.1f} s'}, floor {low:.2f} s", flush=True)  # fmt: skip
+        if deploy_sizes:
+            why_not = {k: no_room(k, lxc_path) for k in deploy_sizes}  # before any of them is deployed
+            fits = [k for k in deploy_sizes if why_not[k] is None]
+            pipeline = Path(args.pipeline_vars)
+            state_var = ("-e", f"eagle3_lab_state_dir={state}")
+            if fits:
+                top = max(fits)
+                print(f"deploying {top} bench servers at once ...", flush=True)
+                servers = inventory(work, nodes, vmids[:top], state, pipeline=pipeline)
+                first_deploy = (top, playbook("deploy.yml", servers, extra, None, *state_var,
+                                              "-e", f"eagle3_rollout_batch={top}"))  # fmt: skip
+                print(f"  first deploy of {top}: {first_deploy[1]:.1f} s", flush=True)
+                os.sync()  # the runtimes just written (GiBs) flushed first: the write-back would stall the timings
+            for k in deploy_sizes:
+                if k not in fits or first_deploy is None or k > first_deploy[0]:
+                    deploy_rows.append((k, None, why_not[k] or "not deployed"))
+                    continue
+                inv = inventory(work, nodes, vmids[:k], state, pipeline=pipeline)
+                seconds = statistics.median(playbook("deploy.yml", inv, extra, None, *state_var, expect_converged=True)
+                                            for _ in range(args.runs))  # fmt: skip
+                deploy_rows.append((k, seconds, None))
+                print(f"  K={k}: converged deploy {seconds:.1f} s", flush=True)
     finally:
         if linked_pct:
             os.unlink("/usr/sbin/pct")
@@ -178,7 +251,22 @@ def main() -> int:
         print(f"{k:>3} {status:>9.1f} {status / base_status:>6.2f} {(status - base_status) / added:>8.2f} "
               f"{cleanup:>10.1f} {cleanup / base_cleanup:>6.2f} {(cleanup - base_cleanup) / added:>8.2f} "
               f"{'-' if peer is None else f'{peer:.1f}':>14} {low:>8.2f} {status / low:>13.1f}")  # fmt: skip
-    print(json.dumps({"rows": rows}))
+    if deploy_rows:
+        first = f"; the first deploy of {first_deploy[0]} at once took {first_deploy[1]:.1f} s" if first_deploy else ""
+        print(f"\nconverged deploy.yml over K deployed servers (medians of {args.runs}; each run's recap changed=0)"
+              f"{first}")  # fmt: skip
+        print(f"{'K':>3} {'deploy s':>9} {'x K=1':>6} {'s/added':>8} {'deploy/floor':>13}")
+        base = next((seconds for k, seconds, _ in deploy_rows if k == 1 and seconds), None)
+        floors = {k: low for k, *_, low in rows}
+        for k, seconds, why in deploy_rows:
+            if seconds is None:
+                print(f"{k:>3} {'-':>9}  ({why})")
+                continue
+            ratio = f"{seconds / base:.2f}" if base else "-"
+            added = f"{(seconds - base) / max(k - 1, 1):.2f}" if base else "-"
+            low = floors.get(k)
+            print(f"{k:>3} {seconds:>9.1f} {ratio:>6} {added:>8} {f'{seconds / low:.1f}' if low else '-':>13}")
+    print(json.dumps({"rows": rows, "deploy": deploy_rows, "first_deploy": first_deploy}))
     return 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.conftest import ansible_env, run_playbook
 
-PLAY = """- name: One wait of eagle3_common on the controller
+PLAY = """- name: One wait of a role on the controller
   hosts: localhost
   connection: local
   gather_facts: false

@@ -98,8 +98,8 @@ def inventory(work: Path, nodes: dict[str, int], vmids: list[int], state: Path, 
 def no_room(k: int, lxc_path: str) -> str | None:
     """Why this machine cannot hold K deployed bench servers beside what runs now, or None."""
     disk = shutil.disk_usage(lxc_path).free / 2**30
-    meminfo = Path("/proc/meminfo").read_text()
-    memory = int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) / 2**20
+    available = re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text())
+    memory = int(available.group(1)) / 2**20 if available else 0.0
     need_disk, need_memory = k * SERVER_DISK_GIB + SPARE_DISK_GIB, k * SERVER_MEMORY_GIB + SPARE_MEMORY_GIB
     if disk < need_disk:
         return f"needs {need_disk:.0f} GiB free at {lxc_path}, {disk:.0f} GiB are"
@@ -114,13 +114,13 @@ def converged(output: str) -> bool:
     return bool(recap) and all(changed == unreachable == failed == "0" for _, changed, unreachable, failed in recap)
 
 
-def playbook(name: str, inv: Path, extra_vars: Path, home: Path | None = None, *args: str,
+def playbook(name: str, inv: Path, extra_vars: Path, home: Path | None = None, options: tuple[str, ...] = (),
              expect_converged: bool = False) -> float:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
     if home:
         env.update(HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"))
     start = time.perf_counter()
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "-e", f"@{extra_vars}", *args, name],
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "-e", f"@{extra_vars}", *options, name],
                           cwd=ROOT, env=env, capture_output=True, text=True, check=False)  # fmt: skip
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
@@ -169,6 +169,7 @@ def main() -> int:
     # A stop (SIGTERM) unwinds like Ctrl-C, so the finally below removes the link and the bench containers.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     sizes = [int(k) for k in args.sizes.split(",")]
+    deploy_sizes = [] if args.no_deploy else [int(k) for k in (args.deploy_sizes or args.sizes).split(",")]
     variables = lab_vars(args.lab_vars)
     port = int(variables.get("lab_ssh_port", 10022))
     nodes = dict((pair.split("=")[0], int(pair.split("=")[1])) for pair in args.nodes.split(",")) if args.nodes \
@@ -185,7 +186,7 @@ def main() -> int:
     extra = work / "lab-vars.yml"
     extra.write_text(yaml.safe_dump({k: v for k, v in variables.items() if not str(v).startswith("{{")
                                      and k.startswith(("lab_", "eagle3_lab"))}))  # fmt: skip
-    vmids = list(range(FIRST_VMID, FIRST_VMID + max(sizes)))
+    vmids = list(range(FIRST_VMID, FIRST_VMID + max(sizes + deploy_sizes)))  # a deploy size may exceed the others
     peer_home = work / "peer-home"
     (peer_home / ".ssh").mkdir(parents=True)
     (peer_home / ".ssh" / "known_hosts").write_text((state / "known_hosts").read_text())
@@ -194,7 +195,6 @@ def main() -> int:
     if linked_pct:
         os.symlink(lab_pct, "/usr/sbin/pct")
     rows = []
-    deploy_sizes = [] if args.no_deploy else [int(k) for k in (args.deploy_sizes or args.sizes).split(",")]
     lxc_path = str(variables.get("lab_host_lxc_path", "/var/lib/lxc"))
     deploy_rows: list[tuple[int, float | None, str | None]] = []
     first_deploy: tuple[int, float] | None = None
@@ -221,16 +221,16 @@ def main() -> int:
                 top = max(fits)
                 print(f"deploying {top} bench servers at once ...", flush=True)
                 servers = inventory(work, nodes, vmids[:top], state, pipeline=pipeline)
-                first_deploy = (top, playbook("deploy.yml", servers, extra, None, *state_var,
-                                              "-e", f"eagle3_rollout_batch={top}"))  # fmt: skip
+                first_deploy = (top, playbook("deploy.yml", servers, extra,
+                                              options=(*state_var, "-e", f"eagle3_rollout_batch={top}")))  # fmt: skip
                 print(f"  first deploy of {top}: {first_deploy[1]:.1f} s", flush=True)
                 os.sync()  # the runtimes just written (GiBs) flushed first: the write-back would stall the timings
             for k in deploy_sizes:
-                if k not in fits or first_deploy is None or k > first_deploy[0]:
-                    deploy_rows.append((k, None, why_not[k] or "not deployed"))
+                if why_not[k]:  # every size that fits is at most top, which is deployed
+                    deploy_rows.append((k, None, why_not[k]))
                     continue
                 inv = inventory(work, nodes, vmids[:k], state, pipeline=pipeline)
-                seconds = statistics.median(playbook("deploy.yml", inv, extra, None, *state_var, expect_converged=True)
+                seconds = statistics.median(playbook("deploy.yml", inv, extra, options=state_var, expect_converged=True)
                                             for _ in range(args.runs))  # fmt: skip
                 deploy_rows.append((k, seconds, None))
                 print(f"  K={k}: converged deploy {seconds:.1f} s", flush=True)
@@ -256,16 +256,17 @@ def main() -> int:
         print(f"\nconverged deploy.yml over K deployed servers (medians of {args.runs}; each run's recap changed=0)"
               f"{first}")  # fmt: skip
         print(f"{'K':>3} {'deploy s':>9} {'x K=1':>6} {'s/added':>8} {'deploy/floor':>13}")
-        base = next((seconds for k, seconds, _ in deploy_rows if k == 1 and seconds), None)
+        one = next((took for k, took, _ in deploy_rows if k == 1 and took), None)
         floors = {k: low for k, *_, low in rows}
-        for k, seconds, why in deploy_rows:
-            if seconds is None:
+        for k, took, why in deploy_rows:
+            if took is None:
                 print(f"{k:>3} {'-':>9}  ({why})")
                 continue
-            ratio = f"{seconds / base:.2f}" if base else "-"
-            added = f"{(seconds - base) / max(k - 1, 1):.2f}" if base else "-"
-            low = floors.get(k)
-            print(f"{k:>3} {seconds:>9.1f} {ratio:>6} {added:>8} {f'{seconds / low:.1f}' if low else '-':>13}")
+            times_one = f"{took / one:.2f}" if one else "-"
+            per_added = f"{(took - one) / max(k - 1, 1):.2f}" if one else "-"
+            floor_s = floors.get(k)
+            print(f"{k:>3} {took:>9.1f} {times_one:>6} {per_added:>8} "
+                  f"{f'{took / floor_s:.1f}' if floor_s else '-':>13}")  # fmt: skip
     print(json.dumps({"rows": rows, "deploy": deploy_rows, "first_deploy": first_deploy}))
     return 0
 

@@ -1,0 +1,62 @@
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Load the connection plugins once in the controller's main process, so that no task's fork loads them again."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: preload
+type: aggregate
+short_description: Load the connection plugins of the eagle3.ops inventories once, before the first task forks
+description:
+  - Ansible runs every task of every host in a fork of the controller's main process, and a fork's caches die
+    with it. The main process itself never loads a connection plugin, so each fork loads the host's connection
+    plugin again - its module and, before anything else, its option definitions, read from its documentation with
+    every fragment it extends. For C(eagle3.ops.pct), which carries every option of ansible-core's C(ssh), that was
+    about a quarter of the controller's CPU per task in a setting switch (py-spy over C(deploy.yml)), paid again by
+    every task of every container, a C(set_fact) included.
+  - This callback loads the connection plugins listed in O(connections) once, when Ansible loads its callbacks
+    (before the first task), so that every fork finds them loaded. It prints nothing and changes no result; a
+    plugin that cannot be loaded is left to the task that uses it, which reports it as it would have.
+  - Enable it in C(ansible.cfg) (C(callbacks_enabled = eagle3.ops.preload)), as the project's C(ansible.cfg)
+    does; the playbooks run the same without it, only slower.
+author: eagle3-ops contributors (@eagle3-ops)
+version_added: "0.1.0"
+options:
+  connections:
+    description: Connection plugins to load (the ones the eagle3.ops inventories use).
+    type: list
+    elements: str
+    default: [eagle3.ops.pct, ansible.builtin.ssh, ansible.builtin.local]
+    ini:
+      - section: callback_eagle3_preload
+        key: connections
+    env:
+      - name: EAGLE3_PRELOAD_CONNECTIONS
+requirements:
+  - enabled in ansible.cfg (callbacks_enabled = eagle3.ops.preload)
+"""
+
+from ansible.plugins.callback import CallbackBase
+from ansible.plugins.loader import connection_loader
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "eagle3.ops.preload"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: list[str] = []
+
+    def set_options(self, task_keys=None, var_options=None, direct=None) -> None:  # type: ignore[no-untyped-def]
+        super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        for name in self.get_option("connections") or []:
+            try:
+                # class_only: the module and its option definitions, no connection object
+                if connection_loader.get(name, class_only=True) is not None:
+                    self.loaded.append(name)
+            except Exception as exc:  # left to the task that uses the plugin, which reports it
+                self._display.vvv(f"eagle3.ops.preload: {name} not preloaded: {exc}")

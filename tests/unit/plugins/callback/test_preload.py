@@ -1,0 +1,51 @@
+"""The preload callback: the project's ansible.cfg enables it, and loading it leaves the connection plugins' option
+definitions in the process (where every task's fork finds them, instead of reading pct's documentation again).
+
+Each check runs in a fresh Python: ansible's configuration is process-wide, and a test before this one in the same
+worker may have loaded the connection plugin already."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[4]
+
+CHECK = """
+import json
+from ansible import constants as C
+from tests.modules import init_collection_loader
+init_collection_loader()
+from ansible.plugins.loader import callback_loader
+PCT = "ansible_collections.eagle3.ops.plugins.connection.pct"  # the name the loader keeps its options under
+before = C.config.has_configuration_definition("connection", PCT)
+cb = callback_loader.get("eagle3.ops.preload")
+cb.set_options()
+print(json.dumps({"enabled": list(C.CALLBACKS_ENABLED), "before": before, "loaded": cb.loaded,
+                  "after": C.config.has_configuration_definition("connection", PCT)}))
+"""
+
+
+def _check(**env: str) -> dict:
+    environ = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONPATH": str(ROOT), **env}
+    environ.pop("EAGLE3_TEST_COLLECTIONS", None)
+    out = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=environ, capture_output=True, text=True,
+                         check=True, timeout=120)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_project_enables_it_and_it_loads_the_connection_definitions():
+    got = _check()
+    assert "eagle3.ops.preload" in got["enabled"]
+    assert got["before"] is False  # nothing had loaded pct's definitions before the callback
+    assert got["after"] is True
+    assert got["loaded"] == ["eagle3.ops.pct", "ansible.builtin.ssh", "ansible.builtin.local"]
+
+
+def test_a_plugin_that_does_not_load_is_left_to_its_task():
+    got = _check(EAGLE3_PRELOAD_CONNECTIONS="eagle3.ops.nothing_by_that_name,ansible.builtin.local")
+    assert got["loaded"] == ["ansible.builtin.local"]
+    assert got["after"] is False

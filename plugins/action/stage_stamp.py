@@ -7,43 +7,18 @@ A check (read-only, every playbook's first call on every host) runs on the host 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC, digest, file_digest
 from ansible_collections.eagle3.ops.plugins.plugin_utils import _probe
+from ansible_collections.eagle3.ops.plugins.plugin_utils._collection import collection_digest
 
-# What a new release of the collection changes: its roles, plugins, playbooks and the payloads it installs.
-_COLLECTION = Path(__file__).resolve().parents[2]
-_PARTS = ("roles", "plugins", "playbooks", "eagle3_ops/payloads")
-_collection_digest: list[str] = []
 # Never fingerprinted, whatever the patterns say: a digest of a short secret can be guessed.
 _SECRET = re.compile(r"(?i).*(password|passphrase|secret|api_?key|private_key)")
-
-
-def collection_digest(root: Path = _COLLECTION) -> str:
-    """sha256 over the collection's files (names and bytes), computed once per process."""
-    if _collection_digest and root == _COLLECTION:
-        return _collection_digest[0]
-    sha = hashlib.sha256()
-    for part in _PARTS:
-        for base, dirs, files in os.walk(root / part):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            for name in sorted(files):
-                if name.endswith((".pyc", ".pyo")):
-                    continue
-                path = Path(base, name)
-                sha.update(str(path.relative_to(root)).encode() + b"\0")
-                sha.update(path.read_bytes())
-    value = sha.hexdigest()
-    if root == _COLLECTION:
-        _collection_digest.append(value)
-    return value
 
 
 class ActionModule(ActionBase):

@@ -1,13 +1,14 @@
 # Copyright: eagle3-ops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Load the connection plugins once in the controller's main process, so that no task's fork loads them again."""
+"""Load once, in the controller's main process, what every task's fork would otherwise load again: the connection
+plugins and the collection's digest."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: preload
 type: aggregate
-short_description: Load the connection plugins of the eagle3.ops inventories once, before the first task forks
+short_description: Load the connection plugins and the collection's digest once, before the first task forks
 description:
   - Ansible runs every task of every host in a fork of the controller's main process, and a fork's caches die
     with it. The main process itself never loads a connection plugin, so each fork loads the host's connection
@@ -18,6 +19,9 @@ description:
   - This callback loads the connection plugins listed in O(connections) once, when Ansible loads its callbacks
     (before the first task), so that every fork finds them loaded. It prints nothing and changes no result; a
     plugin that cannot be loaded is left to the task that uses it, which reports it as it would have.
+  - It also computes the collection's digest, a part of every stage's fingerprint (C(eagle3.ops.stage_stamp)). Each
+    fingerprint check, one per host and stage, walked and read the collection's files again in its fork, about 40
+    ms of the controller's CPU each. The collection a run uses is the one it started with.
   - Enable it in C(ansible.cfg) (C(callbacks_enabled = eagle3.ops.preload)), as the project's C(ansible.cfg)
     does; the playbooks run the same without it, only slower.
 author: eagle3-ops contributors (@eagle3-ops)
@@ -39,6 +43,7 @@ requirements:
 
 from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import connection_loader
+from ansible_collections.eagle3.ops.plugins.plugin_utils._collection import collection_digest
 
 
 class CallbackModule(CallbackBase):
@@ -50,6 +55,7 @@ class CallbackModule(CallbackBase):
     def __init__(self) -> None:
         super().__init__()
         self.loaded: list[str] = []
+        self.digest = ""
 
     def set_options(self, task_keys=None, var_options=None, direct=None) -> None:  # type: ignore[no-untyped-def]
         super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
@@ -60,3 +66,7 @@ class CallbackModule(CallbackBase):
                     self.loaded.append(name)
             except Exception as exc:  # left to the task that uses the plugin, which reports it
                 self._display.vvv(f"eagle3.ops.preload: {name} not preloaded: {exc}")
+        try:
+            self.digest = collection_digest()
+        except OSError as exc:  # left to the first fingerprint check, which fails naming the file
+            self._display.vvv(f"eagle3.ops.preload: the collection's digest not computed: {exc}")

@@ -1,5 +1,6 @@
 """The preload callback: the project's ansible.cfg enables it, and loading it leaves the connection plugins' option
-definitions in the process (where every task's fork finds them, instead of reading pct's documentation again).
+definitions and the collection's digest in the process (where every task's fork finds them, instead of reading pct's
+documentation and the collection's files again).
 
 Each check runs in a fresh Python: ansible's configuration is process-wide, and a test before this one in the same
 worker may have loaded the connection plugin already."""
@@ -22,9 +23,15 @@ init_collection_loader()
 from ansible.plugins.loader import callback_loader
 PCT = "ansible_collections.eagle3.ops.plugins.connection.pct"  # the name the loader keeps its options under
 before = C.config.has_configuration_definition("connection", PCT)
+from ansible_collections.eagle3.ops.plugins.plugin_utils import _collection
+digest_before = list(_collection._digest)
 cb = callback_loader.get("eagle3.ops.preload")
 cb.set_options()
+kept = list(_collection._digest)
+_collection._digest.clear()  # computed again from the files
 print(json.dumps({"enabled": list(C.CALLBACKS_ENABLED), "before": before, "loaded": cb.loaded,
+                  "digest_before": digest_before, "digest": kept, "reported": cb.digest,
+                  "fresh": _collection.collection_digest(),
                   "after": C.config.has_configuration_definition("connection", PCT)}))
 """
 
@@ -43,6 +50,8 @@ def test_the_project_enables_it_and_it_loads_the_connection_definitions():
     assert got["before"] is False  # nothing had loaded pct's definitions before the callback
     assert got["after"] is True
     assert got["loaded"] == ["eagle3.ops.pct", "ansible.builtin.ssh", "ansible.builtin.local"]
+    # The digest kept for the forks is the collection's (the same when computed again from the files)
+    assert got["digest_before"] == [] and got["digest"] == [got["reported"]] == [got["fresh"]]
 
 
 def test_a_plugin_that_does_not_load_is_left_to_its_task():

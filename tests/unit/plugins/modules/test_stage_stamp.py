@@ -193,7 +193,7 @@ def test_the_collection_digest_follows_its_files_and_ignores_bytecode(tmp_path):
     from tests.modules import init_collection_loader
 
     init_collection_loader()
-    action = importlib.import_module("ansible_collections.eagle3.ops.plugins.action.stage_stamp")
+    action = importlib.import_module("ansible_collections.eagle3.ops.plugins.plugin_utils._collection")
     (tmp_path / "roles" / "r" / "tasks").mkdir(parents=True)
     task = tmp_path / "roles" / "r" / "tasks" / "main.yml"
     task.write_text("---\n")

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import yaml
 
+from eagle3_ops.recap import converged
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 FIRST_VMID = 151
@@ -106,12 +108,6 @@ def no_room(k: int, lxc_path: str) -> str | None:
     if memory < need_memory:
         return f"needs {need_memory:.0f} GiB of memory available, {memory:.0f} GiB are"
     return None
-
-
-def converged(output: str) -> bool:
-    """Every host of a recap changed nothing and failed nothing."""
-    recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
-    return bool(recap) and all(changed == unreachable == failed == "0" for _, changed, unreachable, failed in recap)
 
 
 def playbook(name: str, inv: Path, extra_vars: Path, home: Path | None = None, options: tuple[str, ...] = (),

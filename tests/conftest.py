@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_ops.recap import recap  # the tests import it from here too
 from tests.modules import init_collection_loader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,20 +112,6 @@ def run_playbook(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
         )
     return proc
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """Parse the PLAY RECAP block into {host: {ok, changed, unreachable, failed, ...}}."""
-    result: dict[str, dict[str, int]] = {}
-    seen = False
-    for line in output.splitlines():
-        if line.startswith("PLAY RECAP"):
-            seen = True
-            continue
-        if seen and ":" in line and "=" in line:
-            host, _, counts = line.partition(":")
-            result[host.strip()] = {k: int(v) for k, v in (p.split("=") for p in counts.split())}
-    return result
 
 
 def hop(*remote: str, input_bytes: bytes | None = None, timeout: int = 120) -> subprocess.CompletedProcess[bytes]:

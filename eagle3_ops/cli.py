@@ -33,6 +33,8 @@ def _load_progress():
 _progress_helpers = _load_progress()
 progress_bar = _progress_helpers.progress_bar
 wait_line = _progress_helpers.wait_line
+render_status = _progress_helpers.render_status
+status_table_rows = _progress_helpers.status_table_rows
 
 EXIT_OK = 0
 EXIT_FAILED = 2  # a play failed on some host
@@ -154,62 +156,24 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return _run(args, "smoke.yml")
 
 
-def render_status(rows: dict[str, dict[str, Any]]) -> str:
-    """One line per container: state, GPUs (memory used/total, power, utilisation), training job, served draft."""
-    header = (f"{'HOST':<16}{'STATE':<13}{'GPUS':>5}  {'MEMORY USED/TOTAL':<22}{'POWER':<14}{'UTIL':<7}"
-              f"{'TRAINING':<44}SERVING")  # fmt: skip
-    lines = [header]
-    for host in sorted(rows):
-        row = rows[host]
-        gpus = row.get("gpus") or []
-        used = sum(g.get("memory_used") or 0 for g in gpus)
-        total = sum(g.get("memory_total") or 0 for g in gpus)
-        power = sum(g.get("power_draw") or 0 for g in gpus)
-        limit = sum(g.get("power_limit") or 0 for g in gpus)
-        util = sum(g.get("utilization_gpu") or 0 for g in gpus) / len(gpus) if gpus else 0
-        train = row.get("training") or {}
-        job = "-"
-        if train:
-            where = (f" epoch {train['epoch']}/{train['epochs']} step {train.get('step', '-')}"
-                     if train.get("epochs") else "")  # fmt: skip
-            state = "done" if train.get("result") else train.get("cause")
-            job = f"#{train.get('attempt', train.get('n'))} seq {train.get('total_seq_len')} {state}{where}"
-        serving = row.get("serving") or {}
-        served = "-"
-        if serving:
-            name = str(serving.get("draft") or "no draft").rstrip("/").rsplit("/", 1)[-1]
-            accept = serving.get("accept_length")
-            served = (f"{name} x{serving.get('draft_tokens')} accept {accept:.2f}" if isinstance(accept, (int, float))
-                      else f"{name} x{serving.get('draft_tokens') or '-'}")  # fmt: skip
-        memory = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if gpus else "-"
-        watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
-        lines.append(f"{host:<16}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
-                     f"{(f'{util:.0f}%' if gpus else '-'):<7}{job:<44}{served}")  # fmt: skip
-    for host in sorted(h for h in rows if rows[h].get("router") is not None):
-        workers = rows[host]["router"]
-        lines.append(f"router on {host}: {len(workers)} server(s)" + "".join(
-            f"\n  {w.get('url')}  {'healthy' if w.get('healthy') else 'UNHEALTHY'}  {w.get('status') or '-'}  "
-            f"load {w.get('load') if w.get('load') is not None else '-'}" for w in workers))  # fmt: skip
-    return "\n".join(lines)
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    rows: dict[str, dict[str, Any]] = {}
+    records: list[dict[str, Any]] = []
+    unreachable: list[str] = []
+    failed: list[str] = []
 
     def collect(event: dict[str, Any]) -> None:
         data = event.get("event_data", {})
         host = data.get("host")
         if event.get("event") == "runner_on_unreachable" and host:
-            rows[host] = {"state": "unreachable"}
+            unreachable.append(host)
+        elif event.get("event") == "runner_on_failed" and host and not data.get("ignore_errors"):
+            failed.append(host)
         elif event.get("event") == "playbook_on_stats":
-            for record in (data.get("artifact_data") or {}).get("eagle3_status") or []:
-                rows[record["host"]] = {"state": "running", "gpus": record.get("gpus"),
-                                        "training": record.get("training"), "serving": record.get("serving"),
-                                        "router": record.get("router")}  # fmt: skip
+            records.extend((data.get("artifact_data") or {}).get("eagle3_status") or [])
 
     result = run_playbook("status.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
                           limit=args.limit, on_event=collect)  # fmt: skip
-    print(render_status(rows))
+    print(render_status(status_table_rows(records, unreachable, failed)))
     print(f"artifacts: {result.run_dir}")
     return EXIT_OK if result.ok else (EXIT_UNREACHABLE if any(c.get("dark") for c in result.stats.values())
                                       else EXIT_FAILED)  # fmt: skip

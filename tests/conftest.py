@@ -23,6 +23,11 @@ SHARED = Path(os.environ.get("EAGLE3_SHARED_DIR") or ROOT.parent / "shared")
 PVE_SCHEMA = SHARED / "reference" / "pve-9.1.3-api-schema.json"
 
 
+def flat(text: str) -> str:
+    """Ansible's output with its line wrapping undone."""
+    return " ".join(text.split())
+
+
 def pve_schema() -> dict:
     """The published PVE 9.1.3 API schema (../shared, or EAGLE3_SHARED_DIR). Missing, the test skips saying why -
     and fails instead under EAGLE3_REQUIRE_SHARED=1, which .ci/run sets, so CI never passes without it."""

@@ -15,6 +15,9 @@ description:
     (training epoch, step, tokens/s and power; regeneration and extraction counts; elapsed time otherwise),
     printed when it changes. On a terminal the line is updated in place.
   - With C(-vv) or more the default retry messages, with their results, are printed as before.
+  - After the recap of a run that read the fleet's status (C(status.yml), whose C(set_stats) keeps the
+    C(eagle3_status) records), the status table that C(eagle3-ops status) prints, with a row for each host that
+    could not be reached or whose read failed.
   - After the recap, the wall time of the run per role (time from each task's start to the next one's, summed by
     the outermost role the task runs under - a shared role's task file counts for the role that called it -; tasks
     of the play itself count as C(play)), largest first, to show where a run spends its time.
@@ -31,7 +34,7 @@ import sys
 import time
 
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
-from ansible_collections.eagle3.ops.plugins.plugin_utils._progress import wait_line
+from ansible_collections.eagle3.ops.plugins.plugin_utils._progress import render_status, status_table_rows, wait_line
 
 
 class CallbackModule(DefaultCallback):
@@ -123,6 +126,12 @@ class CallbackModule(DefaultCallback):
         self._close_line()
         self._clock(None)
         super().v2_playbook_on_stats(stats)
+        records = (getattr(stats, "custom", None) or {}).get("_run", {}).get("eagle3_status")
+        if isinstance(records, list):
+            self._display.display("FLEET STATUS")
+            self._display.display(render_status(status_table_rows(
+                records, [h for h, n in stats.dark.items() if n], [h for h, n in stats.failures.items() if n])))
+            self._display.display("")
         if self._role_seconds:
             total = time.monotonic() - self._run_started
             self._display.display(f"TIME PER ROLE (wall, {total:.1f} s in all)")

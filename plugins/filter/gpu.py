@@ -43,9 +43,14 @@ def gpu_process_line(entry: dict[str, Any]) -> str:
 
 
 def gpu_unit_line(entry: dict[str, Any]) -> str:
-    """One line for a systemd unit gpu_cleanup stops or leaves running, with its restart policy and why."""
+    """One line for a systemd unit gpu_cleanup stops or leaves running, with its restart policy and why (and whether
+    it is, or would be, disabled so that it does not start again at the next boot)."""
     restart = f" (Restart={entry['restart']})" if entry.get("restart") else ""
-    return f"{entry.get('action')} {entry.get('unit')}{restart}: {entry.get('why')}"
+    boot = ""
+    if entry.get("boot") and entry.get("action") in ("stop", "stopped", "inactive"):
+        boot = (", and disabled: it started at boot" if entry.get("disabled")
+                else ", and disable it: it starts at boot")  # fmt: skip
+    return f"{entry.get('action')} {entry.get('unit')}{restart}: {entry.get('why')}{boot}"
 
 
 class FilterModule:

@@ -129,8 +129,10 @@ class GpuCleanup:
                 active = subprocess.run(["systemctl", "is-active", "--quiet", wanted], check=False).returncode == 0
             except OSError:  # no systemd here: nothing to stop
                 active = False
+            facts = (unit_facts(wanted) or {}) if active else {}
             self.stop_units = [wanted] if active else []
             self.result["units"] = [{"unit": wanted, "main_pid": None, "restart": None,
+                                     "boot": facts.get("UnitFileState") == "enabled",
                                      "action": "stop" if active else "inactive",
                                      "why": "named by stop_unit" + ("" if active else ", not running")}]  # fmt: skip
             return
@@ -140,7 +142,7 @@ class GpuCleanup:
             facts = unit_facts(unit) or {}
             main = facts.get("MainPID", 0)
             entry = {"unit": unit, "main_pid": main or None, "restart": facts.get("Restart"),
-                     "spans": facts.get("spans", [])}  # fmt: skip
+                     "boot": facts.get("UnitFileState") == "enabled", "spans": facts.get("spans", [])}  # fmt: skip
             if not facts:
                 entry.update(action="leave", why="systemctl could not tell its main process")
             elif main in job:
@@ -190,6 +192,15 @@ class GpuCleanup:
             self.fail(f"Refusing to stop {len(sel.holders)} GPU holders: {'; '.join(problems)}; the job may still be "
                       "writing its last checkpoint, so wait for it or set force: true.")
 
+    def disable_unit(self, unit: str) -> None:
+        """systemctl disable UNIT: a unit started at boot (eagle3_train's job, an SGLang server) would take the GPUs
+        again at the host's next boot; the playbook that starts the job enables it again."""
+        proc = subprocess.run(["systemctl", "disable", "--quiet", unit], capture_output=True, text=True, timeout=60,
+                              check=False)  # fmt: skip
+        if proc.returncode != 0:
+            self.fail(f"systemctl disable {unit} failed ({proc.stderr.strip()}): the job would start again at the "
+                      "next boot, so disable it by hand and rerun the cleanup.")  # fmt: skip
+
     def stop_unit(self, unit: str) -> bool:
         """systemctl stop UNIT (which stops its restarts too); True when it was active."""
         active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
@@ -207,11 +218,15 @@ class GpuCleanup:
     def ladder(self, sel: Selection, procs: dict[int, Proc]) -> list[Proc]:
         """Unit, then SIGTERM to roots and holders' groups, grace, SIGKILL what is left."""
         for unit in self.stop_units:
+            entries = [entry for entry in self.result["units"] if entry["unit"] == unit]
+            boot = any(entry.get("boot") for entry in entries)
+            if boot:  # first: a stopped job must not come back at the next boot
+                self.disable_unit(unit)
             stopped = self.stop_unit(unit)
-            self.result["unit_stopped"] |= stopped
-            for entry in self.result["units"]:
-                if entry["unit"] == unit:
-                    entry["action"] = "stopped" if stopped else "inactive"
+            self.result["unit_stopped"] |= stopped or boot
+            for entry in entries:
+                entry["action"] = "stopped" if stopped else "inactive"
+                entry["disabled"] = boot
         targets = [*sel.roots, *sel.chain, *sel.holders]
         self.result["signalled"] = sorted(terminate(sel, procs))
         left = wait_gone(targets, self.p["grace"])

@@ -275,15 +275,16 @@ def systemd_seconds(span: str) -> float | None:
 
 
 def unit_facts(unit: str, systemctl: str = "systemctl") -> dict[str, Any] | None:
-    """MainPID, Restart, ActiveState and Environment of a unit (``systemctl show``), or None when systemctl cannot tell.
+    """MainPID, Restart, ActiveState, Environment and UnitFileState (``enabled``: started at boot) of a unit
+    (``systemctl show``), or None when systemctl cannot tell.
 
     ``spans`` lists the hosts of a job over several nodes (``EAGLE3_TRAIN_HOSTS`` in the unit's environment, which
     eagle3_train writes), empty for a job of one host.
     """
     try:
         out = subprocess.run([systemctl, "show", unit, "-p", "MainPID", "-p", "Restart", "-p", "ActiveState", "-p",
-                              "Environment", "-p", "TimeoutStopUSec"], capture_output=True, text=True, timeout=30,
-                             check=False)  # fmt: skip
+                              "Environment", "-p", "TimeoutStopUSec", "-p", "UnitFileState"], capture_output=True,
+                             text=True, timeout=30, check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:

@@ -63,7 +63,8 @@ options:
     default: false
   stop_unit:
     description:
-      - A systemd unit to stop first (the supervised training job), so it is not restarted.
+      - A systemd unit to stop first (the supervised training job), so it is not restarted; a unit enabled to start
+        at boot is disabled too (the playbook that starts the job enables it again).
       - C(auto) stops every service unit that runs a selected job, read from the holders' C(/proc/PID/cgroup),
         whose main process is part of that job (the holder, its root or the chain between them); a unit whose
         main process is not (C(ssh.service) above a job started from a login, C(cron.service)) is named in
@@ -181,8 +182,10 @@ targets:
 units:
   description:
     - The systemd services the selected jobs run in, with C(unit), C(main_pid), C(restart), C(action) (C(stop),
-      C(stopped), C(leave)), C(why) and C(spans) (the hosts of a job over several nodes, from C(EAGLE3_TRAIN_HOSTS)
-      in the unit's environment; the gpu_cleanup role stops the unit on the others too).
+      C(stopped), C(leave)), C(why), C(boot) (the unit is enabled, so it would start again at the next boot; a unit
+      that is stopped is disabled first, and C(disabled) says it was) and C(spans) (the hosts of a job over several
+      nodes, from C(EAGLE3_TRAIN_HOSTS) in the unit's environment; the gpu_cleanup role stops and disables the unit
+      on the others too).
   returned: always
   type: list
   elements: dict

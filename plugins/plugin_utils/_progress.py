@@ -1,15 +1,17 @@
 # Copyright: eagle3-ops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Progress lines for the long waits of the eagle3.ops roles, from what one poll printed.
+"""Progress lines for the long waits of the eagle3.ops roles, from what one poll printed, and the fleet's status table.
 
 Shared by the eagle3.ops.progress stdout callback (plain ansible-playbook) and the eagle3-ops CLI, so both
 show the same line: training epochs with tokens/s and power from the monitor's JSON sample, regeneration
-and extraction counts from a data job's last line. Standard library only.
+and extraction counts from a data job's last line; and the same table after status.yml. Standard library only.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def progress_bar(done: float, total: float, width: int = 24) -> str:
@@ -45,3 +47,56 @@ def wait_line(stdout: str) -> str | None:
         if done.isdigit() and total.isdigit():
             return f"{progress_bar(int(done), int(total))} {head} {rest}"
     return None
+
+
+def status_table_rows(records: Iterable[Mapping[str, Any]], unreachable: Iterable[str] = (),
+                      failed: Iterable[str] = ()) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The status table's rows: one per host that answered (eagle3_status's set_stats records, as the filter
+    status_rows makes them), and one per host that could not be reached or whose read failed, so that a fleet-wide
+    status names every host it could not read."""
+    rows: dict[str, dict[str, Any]] = {host: {"state": "unreachable"} for host in unreachable}
+    rows.update({host: {"state": "failed"} for host in failed if host not in rows})
+    for record in records:
+        rows[record["host"]] = {"state": "running", "gpus": record.get("gpus"), "training": record.get("training"),
+                                "serving": record.get("serving"), "router": record.get("router")}  # fmt: skip
+    return rows
+
+
+def render_status(rows: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line per container: state, GPUs (memory used/total, power, utilisation), training job, served draft;
+    then each router's view of its servers."""
+    header = (f"{'HOST':<16}{'STATE':<13}{'GPUS':>5}  {'MEMORY USED/TOTAL':<22}{'POWER':<14}{'UTIL':<7}"
+              f"{'TRAINING':<44}SERVING")  # fmt: skip
+    lines = [header]
+    for host in sorted(rows):
+        row = rows[host]
+        gpus = row.get("gpus") or []
+        used = sum(g.get("memory_used") or 0 for g in gpus)
+        total = sum(g.get("memory_total") or 0 for g in gpus)
+        power = sum(g.get("power_draw") or 0 for g in gpus)
+        limit = sum(g.get("power_limit") or 0 for g in gpus)
+        util = sum(g.get("utilization_gpu") or 0 for g in gpus) / len(gpus) if gpus else 0
+        train = row.get("training") or {}
+        job = "-"
+        if train:
+            where = (f" epoch {train['epoch']}/{train['epochs']} step {train.get('step', '-')}"
+                     if train.get("epochs") else "")  # fmt: skip
+            state = "done" if train.get("result") else train.get("cause")
+            job = f"#{train.get('attempt', train.get('n'))} seq {train.get('total_seq_len')} {state}{where}"
+        serving = row.get("serving") or {}
+        served = "-"
+        if serving:
+            name = str(serving.get("draft") or "no draft").rstrip("/").rsplit("/", 1)[-1]
+            accept = serving.get("accept_length")
+            served = (f"{name} x{serving.get('draft_tokens')} accept {accept:.2f}" if isinstance(accept, (int, float))
+                      else f"{name} x{serving.get('draft_tokens') or '-'}")  # fmt: skip
+        memory = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if gpus else "-"
+        watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
+        lines.append(f"{host:<16}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
+                     f"{(f'{util:.0f}%' if gpus else '-'):<7}{job:<44}{served}")  # fmt: skip
+    for host in sorted(h for h in rows if rows[h].get("router") is not None):
+        workers = rows[host]["router"]
+        lines.append(f"router on {host}: {len(workers)} server(s)" + "".join(
+            f"\n  {w.get('url')}  {'healthy' if w.get('healthy') else 'UNHEALTHY'}  {w.get('status') or '-'}  "
+            f"load {w.get('load') if w.get('load') is not None else '-'}" for w in workers))  # fmt: skip
+    return "\n".join(lines)

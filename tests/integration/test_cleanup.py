@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.conftest import LAB_PORT, lab_workload, pct, recap, run_playbook, smi, stop_marked
+from tests.conftest import LAB_PORT, flat, lab_workload, pct, recap, run_playbook, smi, stop_marked
 
 pytestmark = pytest.mark.lab
 
@@ -95,10 +95,6 @@ def test_an_exporter_in_the_container_is_spared_as_an_observer(clean_lab):
     assert "spared: observers=1" in proc.stdout
     pct("exec", "129", "--", "kill", str(job["observer"]))
 
-
-def flat(text: str) -> str:
-    """Output with the callback's line wrapping undone."""
-    return " ".join(text.split())
 
 
 def _unit_state(vmid: int, unit: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, ansible_env, payload, pct, recap, run_playbook
+from tests.conftest import ROOT, ansible_env, flat, payload, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 UNIT = "/etc/systemd/system/sglang.service"
@@ -20,10 +20,6 @@ CHECKPOINT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"
 SERVE = Path(__file__).parent / "playbooks" / "serve.yml"
 REFERENCE_ENV = ("EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23",)  # the reference engine plays that release's loader
 
-
-def flat(text: str) -> str:
-    """Ansible's output with its line wrapping undone."""
-    return " ".join(text.split())
 
 
 def ct(*argv: str, check: bool = True) -> str:

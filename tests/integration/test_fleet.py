@@ -30,6 +30,7 @@ from tests.conftest import (
     ROOT,
     ansible_env,
     close_ssh_masters,
+    flat,
     recap,
     run_playbook,
 )
@@ -132,6 +133,14 @@ def test_fleet_cleanup_and_status_cover_both_nodes(fleet, job_marker):
     assert all("holders=0" in line for line in summary if "ct134" not in line), summary
     status = run_playbook("status.yml", env=fleet_env(), check=False)
     assert status.returncode == 0 and set(recap(status.stdout)) >= {"ct131", "ct132", "ct133", "ct134"}
+    assert {ct: "running" for ct in ("ct131", "ct132", "ct133", "ct134")}.items() <= status_table(status.stdout).items()
+
+
+def status_table(stdout: str) -> dict[str, str]:
+    """The state of each host in the table that status.yml prints after its recap."""
+    lines = stdout[stdout.rindex("FLEET STATUS"):].splitlines()[2:]
+    rows = [line.split() for line in lines[:lines.index("")] if not line.startswith(("router", " "))]
+    return {row[0]: row[1] for row in rows}
 
 
 def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
@@ -147,6 +156,10 @@ def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
         for ct in ("ct132", "ct134"):
             assert f"{ct}: NOT CLEANED (unreachable on node pve-lab2, see above why)" in proc.stdout
         assert "ct131: holders=" in proc.stdout and "ct133: holders=" in proc.stdout
+        status = run_playbook("status.yml", env=fleet_env(), check=False)
+        assert status.returncode != 0
+        assert status_table(status.stdout) == {"ct131": "running", "ct132": "unreachable", "ct133": "running",
+                                               "ct134": "unreachable"}, status.stdout[-3000:]  # fmt: skip
     finally:
         run_playbook("lab.yml", "--tags", "lab_host_sshd", env=fleet_env(), timeout=900,
                      build_lock=False)  # the hop comes back (its own; the other lab's build may go on)
@@ -233,8 +246,9 @@ def step_losses(*logs: Path) -> dict[int, float]:
 def fleet_run(fleet):
     shutil.rmtree(on_share(FLEET_RUN), ignore_errors=True)
     yield on_share(FLEET_RUN)
-    for host in TRAINERS:
-        trainer(host, "systemctl", "stop", "eagle3-train", "eagle3-data-vllm", check=False)
+    for host in TRAINERS:  # the job's unit starts at boot: disabled, so that no later restart of a container runs it
+        trainer(host, "systemctl", "stop", "eagle3-data-vllm", check=False)
+        trainer(host, "systemctl", "disable", "--now", "eagle3-train", check=False)
     shutil.rmtree(on_share(FLEET_RUN), ignore_errors=True)
 
 
@@ -332,11 +346,14 @@ def test_a_follower_whose_leader_node_dies_stops_within_the_leader_timeout(fleet
         # (its ranks were stopped by the launcher, or had failed on the lost store already)
         assert "the leader (" in log and "has given no sign of life for 15 s" in log, log
     finally:
-        # ct132 first: a failed unit stays loaded with its definition, which the next test's job must not inherit.
+        # ct132 first: a failed unit stays loaded with its definition, which the next test's job must not inherit;
+        # and it starts at boot, which a later test's restart of ct132 must not do.
         trainer("ct132", "systemctl", "reset-failed", "eagle3-train", check=False)
+        trainer("ct132", "systemctl", "disable", "eagle3-train", check=False)
         restart_container("pve-lab", 131)
-        # its unit file came back with the container, not started (nothing enables it); stopped in case
-        trainer("ct131", "systemctl", "stop", "eagle3-train", check=False)
+        # The leader's unit starts with its container (enabled: a node that comes back rejoins its job); this
+        # test's job is over, so it is stopped and disabled.
+        trainer("ct131", "systemctl", "disable", "--now", "eagle3-train", check=False)
 
 
 def row_files(store: Path, rows: list[int] | range | None = None) -> dict[str, tuple[int, int]]:
@@ -420,11 +437,15 @@ def test_cleanup_of_one_trainer_stops_the_multi_node_job_on_every_node(fleet_run
             break
         time.sleep(1)
     assert all(held), held
+    # The job's unit starts at boot on both nodes (a node that comes back rejoins it); its cleanup must undo that.
+    assert all(trainer(h, "systemctl", "is-enabled", "eagle3-train").stdout.strip() == "enabled" for h in TRAINERS)
     proc = run_playbook("cleanup.yml", "--limit", "ct131", env=fleet_env(), timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "(item=eagle3-train.service on ct132)" in proc.stdout
+    assert "and disabled: it started at boot" in flat(proc.stdout)
     for host in TRAINERS:
         assert trainer(host, "systemctl", "is-active", "eagle3-train", check=False).stdout.strip() == "inactive"
+        assert trainer(host, "systemctl", "is-enabled", "eagle3-train", check=False).stdout.strip() == "disabled"
         assert trainer(host, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader").stdout.strip() == ""
 
 

@@ -10,15 +10,11 @@ import time
 
 import pytest
 
-from tests.conftest import LAB_STATE, ROOT, ansible_env, payload, pct, recap, run_playbook
+from tests.conftest import LAB_STATE, ROOT, ansible_env, flat, payload, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 RUN = "/srv/eagle3/runs/tiny-llama"
 
-
-def flat(text: str) -> str:
-    """Ansible's output with its line wrapping undone."""
-    return " ".join(text.split())
 
 
 def ct(*argv: str, check: bool = True) -> str:
@@ -162,7 +158,7 @@ def scratch():
     names: list[str] = []
     yield names.append
     for name in names:
-        pct("exec", "129", "--", "systemctl", "stop", f"eagle3-train-{name}", check=False)
+        pct("exec", "129", "--", "systemctl", "disable", "--now", f"eagle3-train-{name}", check=False)
         pct("exec", "129", "--", "rm", "-rf", f"/srv/eagle3/runs/{name}",
             f"/etc/systemd/system/eagle3-train-{name}.service", check=False)  # fmt: skip
 

@@ -28,8 +28,8 @@ def fresh(lab):
         return name
 
     yield make
-    for name in names:
-        pct("exec", "129", "--", "systemctl", "stop", f"eagle3-train-{name}", check=False)
+    for name in names:  # the job's unit starts at boot: disabled, or a dangling link would stay behind
+        pct("exec", "129", "--", "systemctl", "disable", "--now", f"eagle3-train-{name}", check=False)
         unit_file = f"/etc/systemd/system/eagle3-train-{name}.service"
         pct("exec", "129", "--", "rm", "-rf", f"/srv/eagle3-test/{name}", unit_file, check=False)
 
@@ -57,6 +57,8 @@ def test_a_killed_job_restarts_and_resumes_from_the_last_complete_epoch(fresh):
     env = '{"train_test_env": {"FAKE_EPOCH_SECONDS": "2"}, "train_test_epochs": 4}'
     start = run_playbook(PLAYBOOK, "-e", f"train_test_name={name}", "-e", env, "-e", "eagle3_train_wait=false")
     assert recap(start.stdout)["ct129"]["failed"] == 0
+    # Started at boot too: a reboot resumes the job as a crash does.
+    assert pct("exec", "129", "--", "systemctl", "is-enabled", f"eagle3-train-{name}").stdout.strip() == "enabled"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if pct("exec", "129", "--", "test", "-d", f"/srv/eagle3-test/{name}/save/3", check=False).returncode == 0:

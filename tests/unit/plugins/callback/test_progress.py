@@ -115,3 +115,47 @@ def test_a_shared_role_s_task_counts_for_the_role_that_called_it(callback):
     alone._role = Role("eagle3.ops.gpu_facts")
     assert callback._role_of(alone) == "eagle3.ops.gpu_facts"
     assert callback._role_of(Task()) == "play"
+
+
+@pytest.fixture
+def cli_args(monkeypatch):
+    """The command line's arguments that the default recap reads (ansible-playbook sets them)."""
+    from ansible import context
+    from ansible.module_utils.common.collections import ImmutableDict
+
+    monkeypatch.setattr(context, "CLIARGS", ImmutableDict(check=False))
+
+
+def test_a_status_run_ends_with_the_fleet_table_naming_the_hosts_it_could_not_read(callback, cli_args):
+    from ansible.executor.stats import AggregateStats
+
+    stats = AggregateStats()
+    for host in ("ct129", "ct130", "ct131", "ct132"):
+        stats.increment("ok", host)
+    stats.increment("dark", "ct131")
+    stats.increment("failures", "ct132")
+    gpu = {"memory_used": 3000, "memory_total": 97887, "power_draw": 100.0, "power_limit": 600.0, "utilization_gpu": 50}
+    stats.update_custom_stats("eagle3_status", [
+        {"host": "ct129", "gpus": [gpu] * 4, "training": None, "serving": None, "router": None},
+        {"host": "ct130", "gpus": [gpu], "training": None,
+         "serving": {"draft": "/srv/eagle3/drafts/d", "draft_tokens": 16, "accept_length": 3.1}, "router": None},
+    ])  # fmt: skip
+    callback.v2_playbook_on_stats(stats)
+    shown = "\n".join(callback.shown).splitlines()
+    assert any(line.startswith("ct131") and "unreachable=1" in line for line in shown)  # the recap, then the table
+    table = shown[shown.index("FLEET STATUS") + 1:]
+    assert table[0].split()[:3] == ["HOST", "STATE", "GPUS"]
+    assert table[1].split()[:3] == ["ct129", "running", "4"] and "11.7/382.4 GiB" in table[1]
+    assert table[2].split()[:2] == ["ct130", "running"] and table[2].rstrip().endswith("d x16 accept 3.10")
+    assert table[3].split() == ["ct131", "unreachable", "0", "-", "-", "-", "-", "-"]
+    assert table[4].split() == ["ct132", "failed", "0", "-", "-", "-", "-", "-"]
+
+
+def test_a_run_that_read_no_status_prints_no_table(callback, cli_args):
+    from ansible.executor.stats import AggregateStats
+
+    stats = AggregateStats()
+    stats.increment("ok", "ct129")
+    stats.update_custom_stats("eagle3_outcomes", ["trained"])
+    callback.v2_playbook_on_stats(stats)
+    assert "FLEET STATUS" not in callback.shown

@@ -191,3 +191,29 @@ def test_systemd_spans_are_read_in_seconds_and_a_multi_node_unit_names_its_hosts
     assert systemd_seconds("1h 2min") == 3720 and systemd_seconds("45") == 45
     assert systemd_seconds("infinity") is None and systemd_seconds("") is None
     assert systemd_seconds("3 fortnights") is None
+
+
+def test_a_unit_that_starts_at_boot_is_disabled_before_it_is_stopped(gpus, capsys, tmp_path, monkeypatch):
+    # A systemctl of the test's own (first on PATH) that logs each call and says the unit runs and is enabled.
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                    "case \"$1\" in show) printf 'MainPID=0\\nRestart=on-failure\\nActiveState=active\\n"
+                    "UnitFileState=enabled\\nTimeoutStopUSec=2min\\n';; esac\nexit 0\n")  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    workload(gpus, "--gpus", "0", "--mib", "700", "--dataloader-workers", "0")
+    dry = cleanup(gpus, capsys, check=True, stop_unit="eagle3-train")
+    assert dry["units"][0]["boot"] is True and dry["units"][0]["action"] == "stop"
+    assert not any(line.split()[0] in ("disable", "stop") for line in calls.read_text().splitlines())
+    res = cleanup(gpus, capsys, stop_unit="eagle3-train")
+    assert res["changed"] and not res.get("failed"), res.get("msg")
+    done = [line for line in calls.read_text().splitlines() if line.split()[0] in ("disable", "stop")]
+    assert done == ["disable --quiet eagle3-train", "stop eagle3-train"]
+    assert res["units"][0] | {"action": "stopped", "disabled": True} == res["units"][0]
+    from ansible_collections.eagle3.ops.plugins.filter.gpu import gpu_unit_line
+
+    assert gpu_unit_line(res["units"][0]) == ("stopped eagle3-train: named by stop_unit, and disabled: it started at "
+                                              "boot")  # fmt: skip
+    assert gpu_unit_line(dry["units"][0]).endswith(", and disable it: it starts at boot")

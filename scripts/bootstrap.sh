@@ -36,6 +36,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 python=${PYTHON:-python3}
+# PyTorch's CPU index: PyPI has only torch's CUDA build (several GB with its nvidia-* wheels), the CPU build is there
+# (a copy in pip's find-links is taken as well). Asked for torch alone: pip retries an index it cannot reach for every
+# package it looks up. EAGLE3_TORCH_INDEX= (empty) asks PyPI and pip's own configuration only.
+torch_index=${EAGLE3_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 
 # SGLang, the judge of what eagle3-ops derives for it (argument resolution, the EAGLE-3 weight loader), in
 # its own environment: its pins (openai, tokenizers) differ from the project's, and it is CPU-only here.
@@ -48,7 +52,9 @@ sglang_env() {
   fi
   if ! cmp -s "$lock" .venv-sglang/.installed-lock; then
     .venv-sglang/bin/python -m pip install -q --upgrade pip
-    .venv-sglang/bin/python -m pip install -q "$(sed -n 's/^sglang_runtime_torch: //p' roles/sglang_runtime/defaults/main.yml)"
+    # torch's dependencies are in the lock (installed below without resolving)
+    .venv-sglang/bin/python -m pip install -q --no-deps ${torch_index:+--extra-index-url "$torch_index"} \
+      "$(sed -n 's/^sglang_runtime_torch: //p' roles/sglang_runtime/defaults/main.yml)"
     .venv-sglang/bin/python -m pip install -q --no-deps -r "$lock"
     cp "$lock" .venv-sglang/.installed-lock
   fi

@@ -56,9 +56,7 @@ def status_table_rows(records: Iterable[Mapping[str, Any]], unreachable: Iterabl
     status names every host it could not read."""
     rows: dict[str, dict[str, Any]] = {host: {"state": "unreachable"} for host in unreachable}
     rows.update({host: {"state": "failed"} for host in failed if host not in rows})
-    for record in records:
-        rows[record["host"]] = {"state": "running", "gpus": record.get("gpus"), "training": record.get("training"),
-                                "serving": record.get("serving"), "router": record.get("router")}  # fmt: skip
+    rows.update({record["host"]: {**record, "state": "running"} for record in records})
     return rows
 
 

@@ -158,6 +158,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
+    nodes: dict[str, str] = {}
     unreachable: list[str] = []
     failed: list[str] = []
 
@@ -170,10 +171,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             failed.append(host)
         elif event.get("event") == "playbook_on_stats":
             records.extend((data.get("artifact_data") or {}).get("eagle3_status") or [])
+            nodes.update((data.get("artifact_data") or {}).get("eagle3_status_nodes") or {})
 
     result = run_playbook("status.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
                           limit=args.limit, on_event=collect)  # fmt: skip
-    print(render_status(status_table_rows(records, unreachable, failed)))
+    print(render_status(status_table_rows(records, unreachable, failed, nodes)))
     print(f"artifacts: {result.run_dir}")
     return EXIT_OK if result.ok else (EXIT_UNREACHABLE if any(c.get("dark") for c in result.stats.values())
                                       else EXIT_FAILED)  # fmt: skip

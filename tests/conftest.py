@@ -379,10 +379,16 @@ def pytest_runtest_setup(item: pytest.Item):
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Each phase's time to its stage (in the controller, for the reports of every worker); a lab's bring-up, in the
-    setup of whichever test first asks for it, counts as "lab"."""
+    setup of whichever test first asks for it, counts as "lab". With EAGLE3_TEST_TIMELINE set, each phase is also a
+    line of that file - worker, start and stop (epoch seconds), phase, test - to see when each worker was busy."""
     bringup = sum(value for key, value in report.user_properties if key == BRINGUP) if report.when == "setup" else 0.0
     _STAGE_SECONDS[_stage_of(report.nodeid)] += report.duration - bringup
     _STAGE_SECONDS["lab"] += bringup
+    timeline = os.environ.get("EAGLE3_TEST_TIMELINE")
+    if timeline and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller's copy of each worker's report
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+        with open(timeline, "a", encoding="utf-8") as out:
+            out.write(f"{worker} {report.start:.1f} {report.stop:.1f} {report.when} {report.nodeid}\n")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

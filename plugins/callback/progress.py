@@ -17,7 +17,8 @@ description:
   - With C(-vv) or more the default retry messages, with their results, are printed as before.
   - After the recap of a run that read the fleet's status (C(status.yml), whose C(set_stats) keeps the
     C(eagle3_status) records), the status table that C(eagle3-ops status) prints, with a row for each host that
-    could not be reached or whose read failed.
+    could not be reached or whose read failed, and each host's Proxmox node (C(pct_node)) where the inventory names
+    one.
   - After the recap, the wall time of the run per role (time from each task's start to the next one's, summed by
     the outermost role the task runs under - a shared role's task file counts for the role that called it -; tasks
     of the play itself count as C(play)), largest first, to show where a run spends its time.
@@ -126,11 +127,13 @@ class CallbackModule(DefaultCallback):
         self._close_line()
         self._clock(None)
         super().v2_playbook_on_stats(stats)
-        records = (getattr(stats, "custom", None) or {}).get("_run", {}).get("eagle3_status")
+        custom = (getattr(stats, "custom", None) or {}).get("_run", {})
+        records = custom.get("eagle3_status")
         if isinstance(records, list):
             self._display.display("FLEET STATUS")
             self._display.display(render_status(status_table_rows(
-                records, [h for h, n in stats.dark.items() if n], [h for h, n in stats.failures.items() if n])))
+                records, [h for h, n in stats.dark.items() if n], [h for h, n in stats.failures.items() if n],
+                custom.get("eagle3_status_nodes") or {})))
             self._display.display("")
         if self._role_seconds:
             total = time.monotonic() - self._run_started

@@ -22,6 +22,13 @@ def status_rows(hosts: Iterable[str], hostvars: Mapping[str, Any],
     return rows
 
 
+def status_nodes(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> dict[str, str]:
+    """Each host's Proxmox node (``pct_node``), for every host of the play: those that could not be reached too, so
+    that the table says which node a silent container is on. Hosts without one (not reached through pct) are left
+    out."""
+    return {host: str(node) for host in hosts if (node := hostvars[host].get("pct_node"))}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"status_rows": status_rows}
+        return {"status_rows": status_rows, "status_nodes": status_nodes}

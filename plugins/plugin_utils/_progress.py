@@ -49,22 +49,32 @@ def wait_line(stdout: str) -> str | None:
     return None
 
 
-def status_table_rows(records: Iterable[Mapping[str, Any]], unreachable: Iterable[str] = (),
-                      failed: Iterable[str] = ()) -> dict[str, dict[str, Any]]:  # fmt: skip
+def status_table_rows(records: Iterable[Mapping[str, Any]], unreachable: Iterable[str] = (), failed: Iterable[str] = (),
+                      nodes: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """The status table's rows: one per host that answered (eagle3_status's set_stats records, as the filter
     status_rows makes them), and one per host that could not be reached or whose read failed, so that a fleet-wide
-    status names every host it could not read."""
+    status names every host it could not read; each with its Proxmox node where ``nodes`` (the filter status_nodes)
+    names one."""
     rows: dict[str, dict[str, Any]] = {host: {"state": "unreachable"} for host in unreachable}
     rows.update({host: {"state": "failed"} for host in failed if host not in rows})
     rows.update({record["host"]: {**record, "state": "running"} for record in records})
+    for host, node in (nodes or {}).items():
+        if host in rows:
+            rows[host]["node"] = node
     return rows
 
 
 def render_status(rows: Mapping[str, Mapping[str, Any]]) -> str:
-    """One line per container: state, GPUs (memory used/total, power, utilisation), training job, served draft;
-    then each router's view of its servers."""
-    header = (f"{'HOST':<16}{'STATE':<13}{'GPUS':>5}  {'MEMORY USED/TOTAL':<22}{'POWER':<14}{'UTIL':<7}"
-              f"{'TRAINING':<44}SERVING")  # fmt: skip
+    """One line per container: its node (a column only where some row names one), state, GPUs (memory used/total,
+    power, utilisation), training job, served draft; then each router's view of its servers."""
+    width = max((len(str(row.get("node") or "")) for row in rows.values()), default=0)
+    node_width = max(width + 2, 12) if width else 0
+
+    def node_of(row: Mapping[str, Any]) -> str:
+        return f"{row.get('node') or '-':<{node_width}}" if node_width else ""
+
+    header = (f"{'HOST':<16}{node_of({'node': 'NODE'})}{'STATE':<13}{'GPUS':>5}  {'MEMORY USED/TOTAL':<22}"
+              f"{'POWER':<14}{'UTIL':<7}{'TRAINING':<44}SERVING")  # fmt: skip
     lines = [header]
     for host in sorted(rows):
         row = rows[host]
@@ -90,7 +100,7 @@ def render_status(rows: Mapping[str, Mapping[str, Any]]) -> str:
                       else f"{name} x{serving.get('draft_tokens') or '-'}")  # fmt: skip
         memory = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if gpus else "-"
         watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
-        lines.append(f"{host:<16}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
+        lines.append(f"{host:<16}{node_of(row)}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
                      f"{(f'{util:.0f}%' if gpus else '-'):<7}{job:<44}{served}")  # fmt: skip
     for host in sorted(h for h in rows if rows[h].get("router") is not None):
         workers = rows[host]["router"]

@@ -82,7 +82,7 @@ def test_status_table_follows_a_workload(lab, job_marker):
         stop_marked(129, job_marker)
     assert proc.returncode == 0, proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("ct129"))
-    assert row.split()[:3] == ["ct129", "running", "4"]
+    assert row.split()[:4] == ["ct129", "pve-lab", "running", "4"]  # its node (pct_node) beside it
     assert "39.1/382.4 GiB" in row
 
 

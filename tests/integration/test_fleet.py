@@ -133,14 +133,17 @@ def test_fleet_cleanup_and_status_cover_both_nodes(fleet, job_marker):
     assert all("holders=0" in line for line in summary if "ct134" not in line), summary
     status = run_playbook("status.yml", env=fleet_env(), check=False)
     assert status.returncode == 0 and set(recap(status.stdout)) >= {"ct131", "ct132", "ct133", "ct134"}
-    assert {ct: "running" for ct in ("ct131", "ct132", "ct133", "ct134")}.items() <= status_table(status.stdout).items()
+    assert status_table(status.stdout) == {"ct131": "pve-lab running", "ct132": "pve-lab2 running",
+                                           "ct133": "pve-lab running", "ct134": "pve-lab2 running"}, \
+        status.stdout  # fmt: skip
 
 
 def status_table(stdout: str) -> dict[str, str]:
-    """The state of each host in the table that status.yml prints after its recap."""
-    lines = stdout[stdout.rindex("FLEET STATUS"):].splitlines()[2:]
-    rows = [line.split() for line in lines[:lines.index("")] if not line.startswith(("router", " "))]
-    return {row[0]: row[1] for row in rows}
+    """The node and state of each host in the table that status.yml prints after its recap ("pve-lab2 unreachable")."""
+    lines = stdout[stdout.rindex("FLEET STATUS"):].splitlines()[1:]
+    assert lines[0].split()[:3] == ["HOST", "NODE", "STATE"], lines[0]
+    rows = [line.split() for line in lines[1:lines.index("")] if not line.startswith(("router", " "))]
+    return {row[0]: f"{row[1]} {row[2]}" for row in rows}
 
 
 def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
@@ -158,8 +161,10 @@ def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
         assert "ct131: holders=" in proc.stdout and "ct133: holders=" in proc.stdout
         status = run_playbook("status.yml", env=fleet_env(), check=False)
         assert status.returncode != 0
-        assert status_table(status.stdout) == {"ct131": "running", "ct132": "unreachable", "ct133": "running",
-                                               "ct134": "unreachable"}, status.stdout[-3000:]  # fmt: skip
+        # the silent containers' node named beside them
+        assert status_table(status.stdout) == {"ct131": "pve-lab running", "ct132": "pve-lab2 unreachable",
+                                               "ct133": "pve-lab running", "ct134": "pve-lab2 unreachable"}, \
+            status.stdout[-3000:]  # fmt: skip
     finally:
         run_playbook("lab.yml", "--tags", "lab_host_sshd", env=fleet_env(), timeout=900,
                      build_lock=False)  # the hop comes back (its own; the other lab's build may go on)
@@ -552,6 +557,7 @@ def test_the_router_routes_to_both_servers_and_status_shows_its_view(fleet_serve
     unit = trainer("ct131", "systemctl", "cat", "sglang-router").stdout
     assert "smg launch" in unit
     assert "--worker-urls http://10.203.0.33:30000 http://10.203.0.34:30000" in unit
+    assert "--health-check-interval-secs 10" in unit  # smg's own default (60 s) would list a dead server for minutes
     # eagle3-ops status: the setting each server runs and the router's view of them
     status = subprocess.run([sys.executable, "-m", "eagle3_ops.cli", "status", "-i", str(FLEET)], cwd=ROOT,
                             env=dict(fleet_env(), EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test")),

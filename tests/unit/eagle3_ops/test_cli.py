@@ -27,6 +27,15 @@ def test_status_table():
     assert "#3 seq 16384 running epoch 2/5 step 812" in lines[1] and lines[1].rstrip().endswith("-")
     assert lines[2].rstrip().endswith("kimi-eagle3 x16 accept 2.95")
     assert lines[3].split() == ["ct131", "unreachable", "0", "-", "-", "-", "-", "-"]
+    # With the nodes known (pct_node): a NODE column, "-" for a host whose node is not named.
+    from eagle3_ops.cli import status_table_rows
+
+    noded = status_table_rows([{"host": "ct130", "gpus": []}], ["ct131"], ["ct132"],
+                              {"ct130": "pve-lab", "ct131": "pve-lab2"})  # fmt: skip
+    lines = render_status(noded).splitlines()
+    assert lines[0].split()[:3] == ["HOST", "NODE", "STATE"]
+    assert [line.split()[:3] for line in lines[1:]] == [["ct130", "pve-lab", "running"],
+                                                        ["ct131", "pve-lab2", "unreachable"], ["ct132", "-", "failed"]]
     rows["ct131"] = {"state": "running", "gpus": [], "router": [
         {"url": "http://10.0.0.33:30000", "healthy": True, "status": "ready", "load": 2},
         {"url": "http://10.0.0.34:30000", "healthy": False, "status": "pending", "load": None}]}  # fmt: skip

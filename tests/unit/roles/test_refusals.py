@@ -65,8 +65,10 @@ def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "sr
     ("gpu_facts", "main.yml", {"gpu_facts_require_idle": True}, "GPUs 0 of srv hold 900 MiB (free means at most 512"),
     ("gpu_facts", "main.yml", {"gpu_facts_require_idle": True, "gpu_facts_free_threshold_mib": -1},
      "gpu_facts_free_threshold_mib and gpu_facts_expected_count must be 0 or more (got -1 and None)."),
+    ("sglang_router", "validate.yml", {"sglang_router_port": 30080, "sglang_router_health_check_interval": 0},
+     "and sglang_router_health_check_interval at least 1 second (got 0)."),
 ], ids=["tree-on-reference", "loopback-behind-router", "engine", "draft-tokens", "gpu-count", "gpu-busy",
-        "threshold"])  # fmt: skip
+        "threshold", "router-health-interval"])  # fmt: skip
 def test_a_bad_argument_is_refused_in_its_own_sentence(tmp_path, role, tasks, extra, says):
     message = refusal(tmp_path, role, tasks, extra)
     assert says in message, message

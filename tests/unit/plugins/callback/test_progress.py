@@ -140,15 +140,17 @@ def test_a_status_run_ends_with_the_fleet_table_naming_the_hosts_it_could_not_re
         {"host": "ct130", "gpus": [gpu], "training": None,
          "serving": {"draft": "/srv/eagle3/drafts/d", "draft_tokens": 16, "accept_length": 3.1}, "router": None},
     ])  # fmt: skip
+    stats.update_custom_stats("eagle3_status_nodes", {"ct129": "pve-lab", "ct130": "pve-lab", "ct131": "pve-lab2",
+                                                      "ct132": "pve-lab2"})  # fmt: skip
     callback.v2_playbook_on_stats(stats)
     shown = "\n".join(callback.shown).splitlines()
     assert any(line.startswith("ct131") and "unreachable=1" in line for line in shown)  # the recap, then the table
     table = shown[shown.index("FLEET STATUS") + 1:]
-    assert table[0].split()[:3] == ["HOST", "STATE", "GPUS"]
-    assert table[1].split()[:3] == ["ct129", "running", "4"] and "11.7/382.4 GiB" in table[1]
-    assert table[2].split()[:2] == ["ct130", "running"] and table[2].rstrip().endswith("d x16 accept 3.10")
-    assert table[3].split() == ["ct131", "unreachable", "0", "-", "-", "-", "-", "-"]
-    assert table[4].split() == ["ct132", "failed", "0", "-", "-", "-", "-", "-"]
+    assert table[0].split()[:4] == ["HOST", "NODE", "STATE", "GPUS"]
+    assert table[1].split()[:4] == ["ct129", "pve-lab", "running", "4"] and "11.7/382.4 GiB" in table[1]
+    assert table[2].split()[:3] == ["ct130", "pve-lab", "running"] and table[2].rstrip().endswith("d x16 accept 3.10")
+    assert table[3].split() == ["ct131", "pve-lab2", "unreachable", "0", "-", "-", "-", "-", "-"]
+    assert table[4].split() == ["ct132", "pve-lab2", "failed", "0", "-", "-", "-", "-", "-"]
 
 
 def test_a_run_that_read_no_status_prints_no_table(callback, cli_args):

@@ -170,8 +170,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         elif event.get("event") == "runner_on_failed" and host and not data.get("ignore_errors"):
             failed.append(host)
         elif event.get("event") == "playbook_on_stats":
-            records.extend((data.get("artifact_data") or {}).get("eagle3_status") or [])
-            nodes.update((data.get("artifact_data") or {}).get("eagle3_status_nodes") or {})
+            stats = data.get("artifact_data") or {}
+            records.extend(stats.get("eagle3_status") or [])
+            nodes.update(stats.get("eagle3_status_nodes") or {})
 
     result = run_playbook("status.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
                           limit=args.limit, on_event=collect)  # fmt: skip

@@ -148,11 +148,15 @@ def pct(*args: str, check: bool = True, timeout: int = 120) -> subprocess.Comple
     return proc
 
 
-def payload(vmid: int, *argv: str, env: tuple[str, ...] = (), timeout: int = 900) -> str:
-    """A payload run by hand in a lab container: the project's venv and payloads (``pct exec`` brings only the
+TRAINER_PYTHON = "/opt/eagle3-ops/venv/bin/python"  # the payload runtime (gpu_runtime), on trainers
+SERVER_PYTHON = "/opt/eagle3-ops/sglang/bin/python"  # SGLang's environment, a server's only Python runtime
+
+
+def payload(vmid: int, *argv: str, env: tuple[str, ...] = (), timeout: int = 900, python: str = TRAINER_PYTHON) -> str:
+    """A payload run by hand in a lab container, with the payloads on the path (``pct exec`` brings only the
     container's own environment: the lab's lxc.environment lines, one OpenMP thread per process)."""
     return pct("exec", str(vmid), "--", "env", "PYTHONPATH=/opt/eagle3-ops/payloads", *env,
-               "/opt/eagle3-ops/venv/bin/python", *argv, timeout=timeout).stdout  # fmt: skip
+               python, *argv, timeout=timeout).stdout  # fmt: skip
 
 
 def smi(vmid: int, query: str = "index,memory.used") -> list[list[str]]:

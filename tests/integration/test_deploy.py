@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, ansible_env, flat, payload, pct, recap, run_playbook
+from tests.conftest import ROOT, SERVER_PYTHON, ansible_env, flat, payload, pct, recap, run_playbook
 
 pytestmark = pytest.mark.lab
 UNIT = "/etc/systemd/system/sglang.service"
@@ -200,7 +200,8 @@ def test_sglang_refuses_a_draft_its_loader_would_load_incompletely(deployed):
 def test_the_reference_engine_is_lossless(deployed):
     pct("push", "130", str(ROOT / "tests" / "data" / "lossless_check.py"), "/opt/eagle3-ops/lossless_check.py")
     out = payload(130, "/opt/eagle3-ops/lossless_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
-                  "/srv/eagle3/prompts/lab-prompts.jsonl", "5", "64", env=REFERENCE_ENV)  # fmt: skip
+                  "/srv/eagle3/prompts/lab-prompts.jsonl", "5", "64", env=REFERENCE_ENV,
+                  python=SERVER_PYTHON)  # fmt: skip
     report = json.loads(out.strip().splitlines()[-1])
     assert report["prompts"] == 160 and report["mismatches"] == []
     assert report["identical"] + len(report["ties"]) == 160 and report["accept_length"] > 1.5
@@ -212,7 +213,8 @@ def test_the_served_draft_sees_the_layers_it_was_trained_on(deployed):
     pct("push", "130", str(ROOT / "tests" / "data" / "aux_ids_check.py"), "/opt/eagle3-ops/aux_ids_check.py")
     out = payload(130, "/opt/eagle3-ops/aux_ids_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
                   "/srv/eagle3/runs/tiny-llama/data/dataset", "/srv/eagle3/runs/tiny-llama/data/hidden_states",
-                  "/srv/eagle3/prompts/lab-prompts.jsonl", "8", "20", env=REFERENCE_ENV)  # fmt: skip
+                  "/srv/eagle3/prompts/lab-prompts.jsonl", "8", "20", env=REFERENCE_ENV,
+                  python=SERVER_PYTHON)  # fmt: skip
     report = json.loads(out.strip().splitlines()[-1])
     assert report["trained_ids"] == [1, 3, 4] and report["sglang_ids"] == [0, 2, 3]
     assert report["feature_max_rel_diff"] < 1e-2 < 0.1 < report["off_by_one_feature_max_rel_diff"], report

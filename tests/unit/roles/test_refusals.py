@@ -91,3 +91,37 @@ def test_no_task_file_escapes_an_apostrophe_or_doubles_a_backslash_in_a_folded_j
                  for n, line in enumerate(p.read_text().splitlines(), 1)
                  if bad.search(line) and not quoted.match(line)]  # fmt: skip
     assert offenders == [], offenders
+
+
+def _fake_host(tmp_path: Path, userland: str, cuda: bool) -> dict[str, str]:
+    """A host with an NVIDIA driver (570.86.15), a container userland of USERLAND and an interpreter whose torch says
+    CUDA is or is not available: gpu_runtime's cuda.yml as deploy.yml runs it on a server."""
+    driver = tmp_path / "driver-version"
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Thu Jan 30 2025\n")
+    smi = tmp_path / "smi-userland"
+    smi.write_text(f"#!/bin/sh\necho {userland}\n")
+    python = tmp_path / "sglang-python"
+    said = json.dumps({"torch": "2.13.0+cu128", "cuda_available": cuda})
+    python.write_text(f"#!/bin/sh\necho '{said}'\n")
+    for tool in (smi, python):
+        tool.chmod(0o755)
+    return {"gpu_runtime_driver_version_file": str(driver), "gpu_runtime_nvidia_smi": str(smi),
+            "gpu_runtime_cuda_python": str(python), "gpu_runtime_cuda_pin": "sglang_runtime_torch"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("userland", "cuda", "says"), [
+    ("570.86.15", False, "torch 2.13.0+cu128 in {python} sees no CUDA device on srv although the host has a driver: "
+                         "pin a CUDA build of torch for that environment (sglang_runtime_torch)"),
+    ("550.54.14", True, "The NVIDIA userland in srv (550.54.14) does not match the host driver (570.86.15)"),
+], ids=["torch-without-cuda", "userland-mismatch"])  # fmt: skip
+def test_a_servers_sglang_environment_is_checked_against_the_driver(tmp_path, userland, cuda, says):
+    host = _fake_host(tmp_path, userland, cuda)
+    message = refusal(tmp_path, "gpu_runtime", "cuda.yml", host)
+    assert says.format(python=host["gpu_runtime_cuda_python"]) in message, message
+
+
+def test_a_server_whose_torch_sees_the_gpus_passes_the_driver_check(tmp_path):
+    proc = run_tasks(tmp_path, "gpu_runtime", "cuda.yml", _fake_host(tmp_path, "570.86.15", True))
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "Ask the environment's torch whether it sees CUDA" in proc.stdout
+    assert "failed=0" in proc.stdout

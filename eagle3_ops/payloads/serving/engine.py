@@ -253,12 +253,24 @@ def _modern_key(key: str) -> str:
     return key
 
 
+def _importable_torchvision() -> None:
+    """A server runs this engine in SGLang's environment, whose CPU build (the lab's) carries a torchvision linked
+    against CUDA: transformers imports it, and it stops at its operators' registration. sglang_check's shim defines
+    their two schemas first (cpu_shims.py); a torchvision that loads, or none, is left alone."""
+    try:
+        from sglang_check.cpu_shims import torchvision_operator_schemas
+    except ImportError:  # a payload without sglang_check (the engine alone): nothing to define
+        return
+    torchvision_operator_schemas()
+
+
 class Engine:
     """One request at a time (a lock), greedy, float32."""
 
     def __init__(self, model_path: str, draft_path: str | None = None, algorithm: str | None = None,
                  num_steps: int = 0, topk: int = 1, num_draft_tokens: int = 0,
                  sglang_version: str | None = None) -> None:  # fmt: skip
+        _importable_torchvision()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_grad_enabled(False)

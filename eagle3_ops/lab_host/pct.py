@@ -65,8 +65,8 @@ try:  # a package module (tests, eagle3_ops), or loose files beside each other (
         ct_dir,
         init_pid,
         is_running,
+        make_rootfs,
         render_lxc_config,
-        rootfs_dir,
         setup_guest,
     )
 except ImportError:  # pragma: no cover
@@ -77,8 +77,8 @@ except ImportError:  # pragma: no cover
         ct_dir,
         init_pid,
         is_running,
+        make_rootfs,
         render_lxc_config,
-        rootfs_dir,
         setup_guest,
     )
 try:  # a package module (tests, eagle3_ops), or loose files beside each other (the lab host's bin/)
@@ -239,17 +239,10 @@ def cmd_create(pos: list[str], opts: dict[str, str], extra: list[str]) -> int:
         conf.options.update(opts)
         conf.options.setdefault("rootfs", f"lab:subvol-{vmid}-disk-0,size=8G")
         os.makedirs(conf_dir(), exist_ok=True)
-        root = rootfs_dir(vmid)
         try:
-            os.makedirs(root)
+            os.makedirs(ct_dir(vmid))
             print(f"extracting archive '{template}'")
-            # GNU tar keeps owners, modes, devices and xattrs of the rootfs; it is several times
-            # faster than tarfile on the ~15k files of a Debian rootfs.
-            proc = subprocess.run(
-                ["tar", "-xpf", template, "-C", root, "--numeric-owner"], capture_output=True, text=True, check=False
-            )
-            if proc.returncode != 0:
-                raise PctError(f"unable to extract '{template}': {proc.stderr.strip()}")
+            make_rootfs(vmid, template)
             print("Detected container architecture: amd64")
             write_config(vmid, conf)
         except BaseException:

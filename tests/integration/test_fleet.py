@@ -535,14 +535,19 @@ def rate(records: list[dict], t0: float, t1: float) -> float:
 @pytest.fixture(scope="module")
 def fleet_served(fleet_run):
     """Both servers serve a drafter at 3 draft tokens behind the router (the first deploy installs the servers'
-    runtimes and the router). The drafter: the fleet's data trained on ct131 for 15 epochs, as the one-node lab's is
-    (the fleet tests' 3 epochs accept nothing and the accept-length gate refuses them)."""
+    runtimes and the router; with nothing served yet there is no capacity to keep, so both servers form one batch,
+    eagle3_rollout_batch=2, the rolling switch below takes them one at a time). The drafter: the fleet's data trained
+    on ct131 for 15 epochs, as the one-node lab's is (the fleet tests' 3 epochs accept nothing and the accept-length
+    gate refuses them)."""
     train = run_playbook("train.yml", *TRAIN, "--limit", "ct131", "-e", "eagle3_train_epochs=15", "-e",
                          f"eagle3_train_dir={FLEET_RUN}/train-serve", "-e", '{"eagle3_train_hosts": ["ct131"]}',
                          env=fleet_env(), timeout=1800, check=False)  # fmt: skip
     assert train.returncode == 0, train.stdout[-5000:]
-    proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=3", env=fleet_env(), timeout=2400, check=False)
+    proc = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=3", "-e", "eagle3_rollout_batch=2", env=fleet_env(),
+                        timeout=2400, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-6000:]
+    # one batch of both servers: the play's tasks ran once for the two of them
+    assert len(re.findall(r"PLAY \[Switch the servers one batch at a time\]", proc.stdout)) == 1, proc.stdout[-6000:]
     yield proc
     for host in SERVERS:
         server(host, "systemctl", "disable", "--now", "sglang", check=False)

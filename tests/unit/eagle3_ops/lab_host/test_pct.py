@@ -122,3 +122,67 @@ def test_create_and_set_options_exist_in_the_pve_schema():
         assert name in update or name in pct.CREATE_ONLY
     for prefix in pct_config.INDEXED_OPTIONS:
         assert f"{prefix}[n]" in create
+
+
+def _template(path, names: dict[str, bytes]) -> str:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in names.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def test_a_template_is_extracted_once_and_each_container_gets_an_overlay_on_it(tmp_path, monkeypatch):
+    import os
+
+    from eagle3_ops.lab_host import pct_lxc
+
+    monkeypatch.setattr(pct_lxc, "LAB_ROOT", str(tmp_path / "lab"))
+    monkeypatch.setattr(pct_lxc, "LXC_PATH", str(tmp_path / "lxc"))
+    monkeypatch.setattr(pct_lxc, "overlay_supported", lambda: True)
+    extracted: list[str] = []
+    real_extract = pct_lxc.extract
+    monkeypatch.setattr(pct_lxc, "extract", lambda t, d: (extracted.append(t), real_extract(t, d)))
+    template = _template(tmp_path / "t.tar", {"etc/os-release": b"ID=debian\n"})
+    for vmid in (101, 102):
+        os.makedirs(pct_lxc.ct_dir(vmid))
+        pct_lxc.make_rootfs(vmid, template)
+    assert extracted == [template]  # once for both containers
+    (lower,) = (tmp_path / "lab" / "rootfs").iterdir()
+    assert (lower / "etc" / "os-release").read_bytes() == b"ID=debian\n"
+    conf = pct_lxc.render_lxc_config(101, pct_config.CtConfig())
+    assert f"lxc.rootfs.path = overlay:{lower}:{tmp_path}/lxc/101/delta0\n" in conf
+    # host-side writes at start go to the container's own layer; the template's copy is never written
+    pct_lxc.setup_guest(101, pct_config.CtConfig(options={"hostname": "t101"}))
+    assert (tmp_path / "lxc" / "101" / "delta0" / "etc" / "hostname").read_text() == "t101\n"
+    assert sorted(p.name for p in (lower / "etc").iterdir()) == ["os-release"]
+    # a rebuilt template (another size or mtime) gets a copy of its own; the old one stays under its containers
+    template = _template(tmp_path / "t.tar", {"etc/os-release": b"ID=debian\nVERSION_ID=12\n"})
+    os.makedirs(pct_lxc.ct_dir(103))
+    pct_lxc.make_rootfs(103, template)
+    assert len(list((tmp_path / "lab" / "rootfs").iterdir())) == 2 and lower.is_dir()
+
+
+def test_a_failed_extraction_leaves_no_template_copy_and_without_overlayfs_a_container_has_its_own(
+        tmp_path, monkeypatch):  # fmt: skip
+    import os
+
+    from eagle3_ops.lab_host import pct_lxc
+
+    monkeypatch.setattr(pct_lxc, "LAB_ROOT", str(tmp_path / "lab"))
+    monkeypatch.setattr(pct_lxc, "LXC_PATH", str(tmp_path / "lxc"))
+    monkeypatch.setattr(pct_lxc, "overlay_supported", lambda: True)
+    broken = tmp_path / "broken.tar"
+    broken.write_bytes(b"not a tar archive" * 100)
+    os.makedirs(pct_lxc.ct_dir(101))
+    with pytest.raises(pct.PctError, match=r"unable to extract '.*broken\.tar'"):
+        pct_lxc.make_rootfs(101, str(broken))
+    assert list((tmp_path / "lab" / "rootfs").iterdir()) == []
+    monkeypatch.setattr(pct_lxc, "overlay_supported", lambda: False)
+    pct_lxc.make_rootfs(101, _template(tmp_path / "t.tar", {"etc/os-release": b"ID=debian\n"}))
+    assert (tmp_path / "lxc" / "101" / "rootfs" / "etc" / "os-release").is_file()
+    assert "lxc.rootfs.path = dir:" in pct_lxc.render_lxc_config(101, pct_config.CtConfig())

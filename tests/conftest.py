@@ -18,6 +18,12 @@ import pytest
 from eagle3_ops.recap import recap  # the tests import it from here too
 from tests.modules import init_collection_loader
 
+# One OpenMP thread in the test processes and what they start on the controller (SGLang's judge, the reference
+# engine's checks, the trainer's unit tests), as in the lab's containers: the workers run beside each other on few
+# cores, and PyTorch's default of a spinning thread per core makes two such processes several times slower together
+# than one after the other (benchmarks/bench_threads.py). A value the caller set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("EAGLE3_SHARED_DIR") or ROOT.parent / "shared")
 PVE_SCHEMA = SHARED / "reference" / "pve-9.1.3-api-schema.json"
@@ -297,10 +303,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _USER_LAB_AT_START.update(user_lab_snapshot())
 
 
-# The test command runs in two pytest-xdist workers (-n 2). Each lab's tests form one group that one worker runs in
-# order: every integration file is the one-node test lab's (tests/lab) but the fleet lab's (tests/lab-fleet: the
-# fleet's tests and the molecule scenarios, which run on any lab) and those that need no lab; unit tests need none
-# either. The groups go by file (pytest-xdist's own xdist_group marks do not reach its scheduler on pytest 9.2), and
+# The test command runs in three pytest-xdist workers (-n 3): each lab's tests form one group that one worker runs in
+# order, and the third takes what needs no lab (SGLang's judging, the unit tests) while the two labs' tests run.
+# Every integration file is the one-node test lab's (tests/lab) but the fleet lab's (tests/lab-fleet: the fleet's
+# tests and the molecule scenarios, which run on any lab) and those that need no lab; unit tests need none either.
+# The groups go by file (pytest-xdist's own xdist_group marks do not reach its scheduler on pytest 9.2), and
 # collection checks that each test's lab agrees with its file's.
 FLEET_FILES = {"test_fleet.py", "test_molecule.py"}
 LABLESS_FILES = {"test_sglang_judge.py", "test_collection.py", "test_template.py"}

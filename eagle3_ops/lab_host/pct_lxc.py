@@ -80,6 +80,8 @@ def template_rootfs(template: str) -> str:
         return lower
     os.makedirs(base, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=f".{os.path.basename(lower)}.", dir=base)
+    # mkdtemp makes 0700: an archive without a "./" entry would leave the guest's / shutting out every other user
+    os.chmod(stage, 0o755)  # noqa: S103 -- the guest's root directory
     try:
         extract(template, stage)
         try:
@@ -108,17 +110,23 @@ def make_rootfs(vmid: int, template: str) -> None:
     extract(template, rootfs_dir(vmid))
 
 
+def template_lower(vmid: int) -> str | None:
+    """The template rootfs under a container's overlay, or None for a container with a rootfs of its own."""
+    with contextlib.suppress(FileNotFoundError), open(lower_file(vmid), encoding="utf-8") as fh:
+        return fh.read().strip()
+    return None
+
+
 def rootfs_path(vmid: int) -> str:
     """lxc.rootfs.path: ``overlay:<template rootfs>:<upper>`` (LXC puts its work directory beside the upper one) or
     ``dir:<rootfs>``."""
-    with contextlib.suppress(FileNotFoundError), open(lower_file(vmid), encoding="utf-8") as fh:
-        return f"overlay:{fh.read().strip()}:{upper_dir(vmid)}"
-    return f"dir:{rootfs_dir(vmid)}"
+    lower = template_lower(vmid)
+    return f"overlay:{lower}:{upper_dir(vmid)}" if lower else f"dir:{rootfs_dir(vmid)}"
 
 
 def guest_root(vmid: int) -> str:
     """Where host-side writes to a stopped container's files go: its upper layer, or its own rootfs."""
-    return upper_dir(vmid) if os.path.exists(lower_file(vmid)) else rootfs_dir(vmid)
+    return upper_dir(vmid) if template_lower(vmid) else rootfs_dir(vmid)
 
 
 def init_pid(vmid: int) -> int | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from eagle3_ops.lab_host import pct, pct_config
+from eagle3_ops.lab_host import pct, pct_config, pct_lxc
 
 
 def test_config_round_trip_keeps_raw_lxc_lines_in_order_and_repeats():
@@ -91,8 +93,6 @@ def test_unknown_container_message(tmp_path, monkeypatch):
 
 def test_create_file_modes_and_owners(tmp_path):
     fd = pct.create_file(str(tmp_path / "f"), "640", "0", "0")
-    import os
-
     os.close(fd)
     st = os.stat(tmp_path / "f")
     assert (st.st_mode & 0o777, st.st_uid, st.st_gid) == (0o640, 0, 0) or os.geteuid() != 0
@@ -136,14 +136,17 @@ def _template(path, names: dict[str, bytes]) -> str:
     return str(path)
 
 
-def test_a_template_is_extracted_once_and_each_container_gets_an_overlay_on_it(tmp_path, monkeypatch):
-    import os
-
-    from eagle3_ops.lab_host import pct_lxc
-
+@pytest.fixture
+def overlay_lab(tmp_path, monkeypatch):
+    """pct_lxc with its lab root and LXC path under tmp_path, on a kernel with overlayfs."""
     monkeypatch.setattr(pct_lxc, "LAB_ROOT", str(tmp_path / "lab"))
     monkeypatch.setattr(pct_lxc, "LXC_PATH", str(tmp_path / "lxc"))
     monkeypatch.setattr(pct_lxc, "overlay_supported", lambda: True)
+    return tmp_path
+
+
+def test_a_template_is_extracted_once_and_each_container_gets_an_overlay_on_it(overlay_lab, monkeypatch):
+    tmp_path = overlay_lab
     extracted: list[str] = []
     real_extract = pct_lxc.extract
     monkeypatch.setattr(pct_lxc, "extract", lambda t, d: (extracted.append(t), real_extract(t, d)))
@@ -154,6 +157,9 @@ def test_a_template_is_extracted_once_and_each_container_gets_an_overlay_on_it(t
     assert extracted == [template]  # once for both containers
     (lower,) = (tmp_path / "lab" / "rootfs").iterdir()
     assert (lower / "etc" / "os-release").read_bytes() == b"ID=debian\n"
+    # an archive without a "./" entry: the guest's / is 0755, not mkdtemp's 0700
+    upper = tmp_path / "lxc" / "101" / "delta0"
+    assert (lower.stat().st_mode & 0o777, upper.stat().st_mode & 0o777) == (0o755, 0o755)
     conf = pct_lxc.render_lxc_config(101, pct_config.CtConfig())
     assert f"lxc.rootfs.path = overlay:{lower}:{tmp_path}/lxc/101/delta0\n" in conf
     # host-side writes at start go to the container's own layer; the template's copy is never written
@@ -168,14 +174,8 @@ def test_a_template_is_extracted_once_and_each_container_gets_an_overlay_on_it(t
 
 
 def test_a_failed_extraction_leaves_no_template_copy_and_without_overlayfs_a_container_has_its_own(
-        tmp_path, monkeypatch):  # fmt: skip
-    import os
-
-    from eagle3_ops.lab_host import pct_lxc
-
-    monkeypatch.setattr(pct_lxc, "LAB_ROOT", str(tmp_path / "lab"))
-    monkeypatch.setattr(pct_lxc, "LXC_PATH", str(tmp_path / "lxc"))
-    monkeypatch.setattr(pct_lxc, "overlay_supported", lambda: True)
+        overlay_lab, monkeypatch):  # fmt: skip
+    tmp_path = overlay_lab
     broken = tmp_path / "broken.tar"
     broken.write_bytes(b"not a tar archive" * 100)
     os.makedirs(pct_lxc.ct_dir(101))

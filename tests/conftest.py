@@ -330,11 +330,16 @@ def _lab_used(item: pytest.Item) -> str | None:
 
 
 def _order(item: pytest.Item) -> tuple[int, bool]:
-    """The one-node lab's tests first (its lab_teardown tests last of them); SGLang's judging, which the other worker
-    runs while the one-node lab comes up (the labs' builds take turns); the fleet lab's; then the rest, which either
-    worker takes once its lab's tests are done."""
+    """The one-node lab's tests first (its lab_teardown tests last of them); then, with three workers or more, the
+    fleet lab's, which the second worker starts at once (its tests are the longest chain), and SGLang's judging in the
+    third; with two, SGLang's judging before the fleet's, which the second worker runs while the one-node lab comes up
+    (the labs' builds take turns); then the rest, which a worker takes once its lab's tests are done. Every worker
+    sorts alike (pytest-xdist runs only when they collect the same order): each reads the one worker count."""
     group = lab_group(item.path)
-    rank = 0 if group == "lab" else 2 if group == "fleet" else 1 if item.path.name == "test_sglang_judge.py" else 3
+    fleet_first = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= 3
+    judging = item.path.name == "test_sglang_judge.py"
+    ranks = {"lab": 0, "fleet": 1 if fleet_first else 2, None: (2 if fleet_first else 1) if judging else 3}
+    rank = ranks[group]
     return rank, item.get_closest_marker("lab_teardown") is not None
 
 

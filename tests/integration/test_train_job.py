@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -82,3 +83,36 @@ def test_a_killed_job_restarts_and_resumes_from_the_last_complete_epoch(fresh):
     assert tried[0]["cause"] == "interrupted"  # the kill took its launcher too; the next one records it
     listing = pct("exec", "129", "--", "ls", "-a", f"/srv/eagle3-test/{name}/save").stdout.split()
     assert {"1", "2", "3", "4"} <= set(listing) and any(n.startswith(".partial-3") for n in listing)
+
+
+def test_a_running_job_whose_unit_changed_is_restarted_with_it_and_resumes(fresh):
+    """A play that changes the job (here its environment; on a fleet, the trainers it spans) while the job runs
+    restarts it with the new unit - it would otherwise go on with the command it was started with - and the job
+    resumes from its newest complete epoch. Check mode says so and touches nothing."""
+    name = fresh("changed")
+    unit = f"eagle3-train-{name}"
+
+    def main_pid() -> str:
+        return pct("exec", "129", "--", "systemctl", "show", "-p", "MainPID", "--value", unit).stdout.strip()
+
+    before = '{"train_test_env": {"FAKE_EPOCH_SECONDS": "4"}, "train_test_epochs": 20}'
+    start = run_playbook(PLAYBOOK, "-e", f"train_test_name={name}", "-e", before, "-e", "eagle3_train_wait=false")
+    assert recap(start.stdout)["ct129"]["failed"] == 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if pct("exec", "129", "--", "test", "-d", f"/srv/eagle3-test/{name}/save/2", check=False).returncode == 0:
+            break
+        time.sleep(0.2)
+    pid = main_pid()
+    after = '{"train_test_env": {"FAKE_EPOCH_SECONDS": "0.2"}, "train_test_epochs": 20}'
+    check = run_playbook(PLAYBOOK, "--check", "-e", f"train_test_name={name}", "-e", after)
+    assert re.search(r"TASK \[eagle3.ops.eagle3_train : Restart the running job with its changed unit.*\n"
+                     r"changed: \[ct129\]", check.stdout), check.stdout[-3000:]  # fmt: skip
+    assert main_pid() == pid and len(attempts(name)) == 1  # check mode restarted nothing
+    proc = run_playbook(PLAYBOOK, "-e", f"train_test_name={name}", "-e", after)
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
+    # the unit systemd runs now is the new one (not only the file on disk)
+    assert "FAKE_EPOCH_SECONDS=0.2" in pct("exec", "129", "--", "systemctl", "show", "-p", "Environment", unit).stdout
+    tried = attempts(name)
+    assert [a["cause"] for a in tried] == ["signal SIGTERM", "completed"], tried
+    assert tried[1]["resume_from_epoch"] >= 2

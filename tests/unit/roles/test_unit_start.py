@@ -5,22 +5,10 @@ afresh, as is any running unit when the caller does not join."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
-from tests.conftest import ansible_env, run_playbook
+from tests.unit.roles.controller_play import role_tasks
 
-PLAY = """- name: One start of a unit on the controller
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: The start
-      ansible.builtin.import_role:
-        name: eagle3.ops.eagle3_common
-        tasks_from: unit_start.yml
-"""
 # The unit's state is the file state; its environment is what the last systemd-run set (the file env). Every call
 # is a line of calls.
 SYSTEMCTL = """#!/bin/sh
@@ -47,20 +35,16 @@ echo active > "$dir/state"
 def start(fake: Path, tmp_path: Path, argv: list[str], join: bool = True) -> list[str]:
     """Run unit_start.yml once; the stand-ins' calls it made."""
     (fake / "calls").write_text("")
-    values = {"ansible_python_interpreter": sys.executable, "eagle3_common_unit": "eagle3-data-vllm",
-              "eagle3_common_unit_log": str(tmp_path / "unit.log"), "eagle3_common_unit_argv": argv,
-              "eagle3_common_unit_env": {"VLLM_CPU_KVCACHE_SPACE": 1}, "eagle3_common_unit_join": join}  # fmt: skip
-    env = ansible_env()
-    env["PATH"] = f"{fake}:{env['PATH']}"
-    proc = run_playbook(tmp_path / "play.yml", "-i", "localhost,", "-e", json.dumps(values), check=False, env=env,
-                        timeout=120)  # fmt: skip
+    values = {"eagle3_common_unit": "eagle3-data-vllm", "eagle3_common_unit_log": str(tmp_path / "unit.log"),
+              "eagle3_common_unit_argv": argv, "eagle3_common_unit_env": {"VLLM_CPU_KVCACHE_SPACE": 1},
+              "eagle3_common_unit_join": join}  # fmt: skip
+    proc, _ = role_tasks(tmp_path, "eagle3_common", "unit_start.yml", values, fake)
     assert proc.returncode == 0, proc.stdout[-3000:]
     calls = (fake / "calls").read_text().splitlines()
     return [line.split()[1] if line.startswith("systemctl") else "run" for line in calls]
 
 
 def test_a_running_unit_is_joined_only_when_it_runs_the_same_command(tmp_path):
-    (tmp_path / "play.yml").write_text(PLAY)
     fake = tmp_path / "bin"
     fake.mkdir()
     for name, text in (("systemctl", SYSTEMCTL), ("systemd-run", SYSTEMD_RUN)):

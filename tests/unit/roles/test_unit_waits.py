@@ -7,29 +7,13 @@ watches the host itself), not one poll interval and a round trip later; a server
 from __future__ import annotations
 
 import http.server
-import json
 import sys
 import threading
 import time
 from pathlib import Path
 
-from tests.conftest import ansible_env, run_playbook
+from tests.unit.roles.controller_play import role_tasks
 
-PLAY = """- name: One wait of a role on the controller
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: The wait
-      ansible.builtin.import_role:
-        name: eagle3.ops.{role}
-        tasks_from: {tasks}
-    - name: Keep what the wait saw
-      ansible.builtin.copy:
-        content: "{{{{ {register} | to_json }}}}"
-        dest: {saw}
-        mode: "0644"
-"""
 SYSTEMCTL = """#!/bin/sh
 # systemctl show -p ActiveState [...] [--value] -- UNIT. The state is the file state's content, or - once the seconds
 # the file flip names have passed since the first call (kept in first) - the state it names. Each call adds a line to
@@ -62,19 +46,12 @@ def unit(tmp_path: Path, state: str, flip: str = "") -> Path:
 
 
 def wait(tmp_path: Path, tasks: str, register: str, values: dict, role: str = "eagle3_common") -> tuple[int, dict, str]:
-    (tmp_path / "play.yml").write_text(PLAY.format(role=role, tasks=tasks, register=register,
-                                                   saw=tmp_path / "saw.json"))  # fmt: skip
     fake = tmp_path / "bin"
     (fake / "systemctl").write_text(SYSTEMCTL)
     (fake / "systemctl").chmod(0o755)
-    values = {"ansible_python_interpreter": sys.executable, "eagle3_common_unit": "eagle3-job",
-              "eagle3_common_unit_log": str(tmp_path / "job.log"), **values}  # fmt: skip
-    env = ansible_env()
-    env["PATH"] = f"{fake}:{env['PATH']}"
-    proc = run_playbook(tmp_path / "play.yml", "-i", "localhost,", "-e", json.dumps(values), check=False, env=env,
-                        timeout=120)  # fmt: skip
-    saw = tmp_path / "saw.json"
-    return proc.returncode, json.loads(saw.read_text()) if saw.exists() else {}, proc.stdout
+    values = {"eagle3_common_unit": "eagle3-job", "eagle3_common_unit_log": str(tmp_path / "job.log"), **values}
+    proc, saw = role_tasks(tmp_path, role, tasks, values, fake, keep=register)
+    return proc.returncode, saw, proc.stdout
 
 
 def test_a_job_that_ends_is_seen_within_the_waiting_call(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,13 @@ def test_build_install_and_use_by_fqcn(tmp_path):
                             str(ROOT)], capture_output=True, text=True, env=env, check=False)
     assert build.returncode == 0, build.stderr
     tarball = next((tmp_path / "dist").glob("eagle3-ops-*.tar.gz"))
+    # Only what the repository tracks ships (the checkout's environments and labs are beside it, ignored by git).
+    with tarfile.open(tarball) as tar:
+        shipped = {m.name for m in tar.getmembers() if m.isfile()} - {"MANIFEST.json", "FILES.json"}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False)
+    if tracked.returncode == 0:  # (a source tree without git: nothing to compare with)
+        assert shipped <= set(tracked.stdout.splitlines()), sorted(shipped - set(tracked.stdout.splitlines()))[:10]
+    assert tarball.stat().st_size < 2 * 1024 * 1024, f"the collection is {tarball.stat().st_size} bytes"
     install = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "-p", str(tmp_path / "collections"),
                               str(tarball)], capture_output=True, text=True, env=env, check=False)
     assert install.returncode == 0, install.stderr

@@ -321,7 +321,16 @@ def unit_state(host: str, unit: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def test_a_follower_whose_leader_node_dies_stops_within_the_leader_timeout(fleet_run):
+def when_stopped(host: str, unit: str) -> tuple[dict[str, str], float]:
+    """The unit's state once it no longer runs (or after 120 s), and the seconds that took from now."""
+    start = time.monotonic()
+    while time.monotonic() - start < 120 and unit_state(host, unit)["ActiveState"] in (
+            "active", "activating", "deactivating"):  # fmt: skip
+        time.sleep(1)
+    return unit_state(host, unit), time.monotonic() - start
+
+
+def test_a_follower_whose_leader_node_dies_stops_and_the_leader_back_without_it_stops_naming_it(fleet_run):
     # A job over both trainers, started without waiting; then the leader's whole container goes down mid-attempt
     # (its ranks vanish without closing a connection, as when a node loses power): the follower must not wait for
     # gloo's own timeout nor for eagle3_train_timeout - it stops once the leader's heartbeat is silent.
@@ -338,27 +347,32 @@ def test_a_follower_whose_leader_node_dies_stops_within_the_leader_timeout(fleet
     assert '"running"' in follower_attempts.read_text(), "the follower joined no attempt"
     try:
         node_pct("pve-lab", "stop", "131")  # no clean shutdown: lxc-stop's immediate kill
-        stopped = time.monotonic()
-        while time.monotonic() - stopped < 120 and unit_state("ct132", "eagle3-train")["ActiveState"] in (
-                "active", "activating", "deactivating"):  # fmt: skip
-            time.sleep(1)
-        waited = time.monotonic() - stopped
-        state = unit_state("ct132", "eagle3-train")
+        state, waited = when_stopped("ct132", "eagle3-train")
         # exit 4 is in RestartPreventExitStatus: the unit stays failed, the play's wait names it
         assert state["ActiveState"] == "failed" and state["ExecMainStatus"] == "4", state
         assert waited < 15 + 30, f"the follower stopped {waited:.0f} s after its leader's node (timeout 15 s)"
         log = trainer("ct132", "journalctl", "-u", "eagle3-train", "--no-pager", "-n", "40").stdout
         # (its ranks were stopped by the launcher, or had failed on the lost store already)
         assert "the leader (" in log and "has given no sign of life for 15 s" in log, log
+        # The leader's node comes back and its unit starts the job again (enabled: a node that comes back rejoins
+        # its job), but the follower has given up: the leader's attempt would wait at a rendezvous ct132 never
+        # joins, and systemd would start it into that wait again. It stops once ct132 is silent for the timeout.
+        restart_container("pve-lab", 131)
+        state, waited = when_stopped("ct131", "eagle3-train")
+        assert state["ActiveState"] == "failed" and state["ExecMainStatus"] == "5", state
+        assert waited < 15 + 30, f"the leader stopped {waited:.0f} s after its node came back (timeout 15 s)"
+        tried = json.loads((on_share(run_dir) / "state" / "attempts.json").read_text())
+        assert tried[-1]["cause"] == "node_gone" and tried[-1]["node"] == "ct132", tried
+        assert tried[-2]["cause"] == "interrupted"  # the attempt its node's death ended
     finally:
         # ct132 first: a failed unit stays loaded with its definition, which the next test's job must not inherit;
         # and it starts at boot, which a later test's restart of ct132 must not do.
         trainer("ct132", "systemctl", "reset-failed", "eagle3-train", check=False)
         trainer("ct132", "systemctl", "disable", "eagle3-train", check=False)
         restart_container("pve-lab", 131)
-        # The leader's unit starts with its container (enabled: a node that comes back rejoins its job); this
-        # test's job is over, so it is stopped and disabled.
+        # This test's job is over: the leader's unit is stopped, reset and disabled.
         trainer("ct131", "systemctl", "disable", "--now", "eagle3-train", check=False)
+        trainer("ct131", "systemctl", "reset-failed", "eagle3-train", check=False)
 
 
 def row_files(store: Path, rows: list[int] | range | None = None) -> dict[str, tuple[int, int]]:
@@ -429,19 +443,56 @@ def test_a_shard_host_killed_mid_extraction_is_named_and_a_rerun_extracts_only_i
     assert {p.name: p.stat().st_mtime_ns for p in first_logs.iterdir()} == untouched
 
 
-def test_cleanup_of_one_trainer_stops_the_multi_node_job_on_every_node(fleet_run):
-    run = run_playbook("train.yml", *TRAIN, "--tags", "train", "-e", "eagle3_train_wait=false", "-e",
-                       f"eagle3_train_dir={FLEET_RUN}/train-cleanup", "-e", "eagle3_train_epochs=50",
-                       env=fleet_env(), timeout=1200, check=False)  # fmt: skip
-    assert run.returncode == 0, run.stdout[-4000:]
+def both_hold_their_gpu() -> list[str]:
+    """The pids that hold each trainer's GPU, once both nodes' ranks do (or as they are after 120 s)."""
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # both nodes' ranks hold their GPU
+    while True:
         held = [trainer(h, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader").stdout.strip()
                 for h in TRAINERS]  # fmt: skip
-        if all(held):
-            break
+        if all(held) or time.monotonic() > deadline:
+            return held
         time.sleep(1)
-    assert all(held), held
+
+
+def running_attempt(state: Path) -> int | None:
+    tried = json.loads(state.read_text()) if state.exists() else []
+    return tried[-1]["n"] if tried and tried[-1]["cause"] == "running" else None
+
+
+def test_a_changed_multi_node_job_restarts_on_every_node_then_cleanup_of_one_trainer_stops_it_everywhere(fleet_run):
+    train_dir = f"{FLEET_RUN}/train-cleanup"
+    job = (*TRAIN, "--tags", "train", "-e", "eagle3_train_wait=false", "-e", f"eagle3_train_dir={train_dir}")
+    run = run_playbook("train.yml", *job, "-e", "eagle3_train_epochs=50", env=fleet_env(), timeout=1200, check=False)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert all(both_hold_their_gpu()), "the two-node job's ranks never held both GPUs"
+
+    # 1. The job changes while it runs (here its epochs): every node's launcher is restarted with its new unit - a
+    # follower that went on with its old command would never form an attempt with the leader's new one.
+    def main_pid(host: str) -> str:
+        return trainer(host, "systemctl", "show", "-p", "MainPID", "--value", "eagle3-train").stdout.strip()
+
+    pids = {h: main_pid(h) for h in TRAINERS}
+    state = on_share(train_dir) / "state"
+    states = {"ct131": state / "attempts.json", "ct132": state / "node-1" / "attempts.json"}
+    changed = run_playbook("train.yml", *job, "-e", "eagle3_train_epochs=60", env=fleet_env(), timeout=1200,
+                           check=False)  # fmt: skip
+    assert changed.returncode == 0, changed.stdout[-4000:]
+    restart = r"TASK \[eagle3.ops.eagle3_train : Restart the running job with its changed unit.*\n"
+    assert re.search(restart + r"changed: \[ct13[12]\]\nchanged: \[ct13[12]\]", changed.stdout), changed.stdout[-4000:]
+    for host in TRAINERS:
+        assert main_pid(host) not in ("0", pids[host]), f"{host}'s launcher was not restarted"
+        running = trainer(host, "systemctl", "show", "-p", "ExecStart", "eagle3-train").stdout
+        assert " --epochs 60 " in running, running  # what systemd runs now, not only the file on disk
+    deadline = time.monotonic() + 180  # the new attempt forms over both nodes: the same attempt runs on each
+    while time.monotonic() < deadline and not (
+            running_attempt(states["ct131"]) is not None
+            and running_attempt(states["ct131"]) == running_attempt(states["ct132"])):  # fmt: skip
+        time.sleep(0.5)
+    attempts = {h: json.loads(p.read_text()) for h, p in states.items()}
+    assert running_attempt(states["ct131"]) == running_attempt(states["ct132"]) > 1, attempts
+    assert all(both_hold_their_gpu()), "the restarted job's ranks never held both GPUs"
+
+    # 2. Cleanup of one trainer stops the job on every node it spans.
     # The job's unit starts at boot on both nodes (a node that comes back rejoins it); its cleanup must undo that.
     assert all(trainer(h, "systemctl", "is-enabled", "eagle3-train").stdout.strip() == "enabled" for h in TRAINERS)
     proc = run_playbook("cleanup.yml", "--limit", "ct131", env=fleet_env(), timeout=600, check=False)

@@ -18,11 +18,14 @@ leader: it owns the save directory, the budget ladder and the result, as above, 
 each joins whatever attempt the leader is running, at its budget, keeps its own ``attempts.json``, abandons a
 rendezvous the leader has left, and waits for the leader's next attempt when one fails (a peer that died, a
 restarted leader). The leader reads its followers' records (``--peer-state``): an attempt whose ranks ran out
-of memory on another node backs off like one that ran out on its own. The leader's launcher beats
-``STATE/heartbeat`` every HEARTBEAT_EVERY seconds; a follower that sees no beat for ``--leader-timeout``
-seconds (the leader's node is down or cut off, its unit stopped or failed for good) stops its ranks - which would
-otherwise wait in a collective for the backend's own timeout - and exits EXIT_LEADER_GONE. Beats are compared by
-content on the follower's own clock, so the nodes' clocks need not agree.
+of memory on another node backs off like one that ran out on its own. Every node's launcher beats
+``STATE/heartbeat`` (its own state directory) every HEARTBEAT_EVERY seconds. A follower that sees no beat of the
+leader's for ``--leader-timeout`` seconds (the leader's node is down or cut off, its unit stopped or failed for good)
+stops its ranks - which would otherwise wait in a collective for the backend's own timeout - and exits
+EXIT_LEADER_GONE; a leader that sees no beat of a follower's for as long stops its attempt - whose ranks would wait
+in a collective, or at a rendezvous that node never joins, and systemd would start it into the same wait again -
+and exits EXIT_NODE_GONE, naming the node. Beats are compared by content on the watching node's own clock, so the
+nodes' clocks need not agree.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ except ImportError:  # pragma: no cover - run as a loose script
 
 EXIT_LADDER_EXHAUSTED = 3
 EXIT_LEADER_GONE = 4  # a follower whose leader gave no sign of life for --leader-timeout seconds
+EXIT_NODE_GONE = 5  # a leader one of whose followers gave no sign of life for --leader-timeout seconds
 FOLLOW_POLL = 1.0  # seconds between looks at the leader's attempts
 HEARTBEAT_EVERY = 2.0  # seconds between two beats of a leader's launcher
 PEER_GRACE = 20.0  # seconds a leader waits for its followers to record how an attempt ended
@@ -74,24 +78,24 @@ def _running(state: str) -> dict[str, Any] | None:
 
 
 def beat_forever(state: str) -> None:
-    """The leader's heartbeat: STATE/heartbeat rewritten in place (one short write; NFS's close-to-open
-    consistency shows it to a follower's next open) with a counter and this launcher's pid and host."""
+    """A node's heartbeat: STATE/heartbeat rewritten in place (one short write; NFS's close-to-open consistency
+    shows it to the other nodes' next open) with a counter and this launcher's pid and host."""
     path, count = os.path.join(state, "heartbeat"), 0
     while True:
         count += 1
         try:
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(json.dumps({"beat": count, "pid": os.getpid(), "host": os.uname().nodename}))
-        except OSError as exc:  # a full or unreachable store: the followers will say the leader is gone
+        except OSError as exc:  # a full or unreachable store: the other nodes will say this one is gone
             log(f"cannot beat the heartbeat {path}: {exc}")
         time.sleep(HEARTBEAT_EVERY)
 
 
-class LeaderWatch:
-    """How long, on this node's own clock, the leader's heartbeat has not changed."""
+class NodeWatch:
+    """How long, on this node's own clock, another node's heartbeat (in its state directory) has not changed."""
 
-    def __init__(self, leader: str) -> None:
-        self.path = os.path.join(leader, "heartbeat")
+    def __init__(self, state: str) -> None:
+        self.path = os.path.join(state, "heartbeat")
         self.seen: str | None = None
         self.changed = time.monotonic()
 
@@ -110,10 +114,10 @@ def log(message: str) -> None:
     print(f"[launcher] {message}", flush=True)
 
 
-def run_attempt(cmd: list[str], log_path: str, abandon: Callable[[], bool] | None = None) -> tuple[int, str]:
+def run_attempt(cmd: list[str], log_path: str, abandon: Callable[[], str | None] | None = None) -> tuple[int, str]:
     """Run the trainer in its own process group, teeing its output; (returncode, last lines).
 
-    ``abandon`` is asked every FOLLOW_POLL seconds; once it says so the trainer is stopped (SIGTERM, then
+    ``abandon`` is asked every FOLLOW_POLL seconds; once it gives a reason the trainer is stopped (SIGTERM, then
     SIGKILL 10 s later) and the attempt ends with the trainer's signal.
     """
     tail: deque[str] = deque(maxlen=200)
@@ -132,8 +136,9 @@ def run_attempt(cmd: list[str], log_path: str, abandon: Callable[[], bool] | Non
         def watch() -> None:
             while proc.poll() is None:
                 time.sleep(FOLLOW_POLL)
-                if proc.poll() is None and abandon is not None and abandon():
-                    log("the leader left this attempt or went silent: stopping this node's trainer")
+                reason = abandon() if proc.poll() is None and abandon is not None else None
+                if reason:
+                    log(f"{reason}: stopping this node's trainer")
                     forward(signal.SIGTERM, None)
                     try:
                         proc.wait(timeout=10)
@@ -172,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--follow", metavar="LEADER_STATE", help="run as a follower node of the leader with this state")
     ap.add_argument("--peer-state", action="append", default=[], help="a follower's state directory (leader)")
     ap.add_argument("--leader-timeout", type=float, default=120,
-                    help="a follower stops (exit 4) after this long with no beat from the leader")  # fmt: skip
+                    help="a follower stops (exit 4) after this long with no beat from the leader, a leader (exit 5) "
+                    "after this long with none from a follower")  # fmt: skip
     args = ap.parse_args(argv[:split])
     template = argv[split + 1 :]
     if not any("{total_seq_len}" in part for part in template):
@@ -192,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"the job is complete ({os.path.join(args.state, 'result.json')}): nothing to do")
         return 0
     threading.Thread(target=beat_forever, args=(args.state,), daemon=True).start()
+    peers = {peer: NodeWatch(peer) for peer in args.peer_state}
+
+    def silent_peer() -> str | None:
+        return next((peer for peer, watch in peers.items() if watch.silent_for() > args.leader_timeout), None)
+
+    def abandon() -> str | None:
+        peer = silent_peer()
+        return f"the node {node_name(peer)} went silent" if peer else None
+
     os.makedirs(args.save_dir, exist_ok=True)
     exhausted = {a["total_seq_len"] for a in attempts if a.get("cause") == "out_of_memory"}
     ladder = [b for b in budgets.ladder_from(args.start, args.floor) if b not in exhausted]
@@ -210,8 +225,18 @@ def main(argv: list[str] | None = None) -> int:
         _save_attempts(args.state, attempts)
         where = f"resuming from epoch {newest.epoch}" if newest else "from scratch"
         log(f"attempt {attempt['n']}: total_seq_len={total}, {where}")
-        rc, tail = run_attempt(command(template, attempt), os.path.join(args.state, f"attempt-{attempt['n']}.log"))
+        rc, tail = run_attempt(command(template, attempt), os.path.join(args.state, f"attempt-{attempt['n']}.log"),
+                               abandon if peers else None)  # fmt: skip
         finish(attempt, rc, tail)
+        gone = silent_peer() if attempt["cause"] != "completed" and not STOPPING.is_set() else None
+        if gone:
+            # Its ranks are gone with it: another attempt would wait at a rendezvous it never joins.
+            attempt.update(cause="node_gone", node=node_name(gone), peer=gone)
+            _save_attempts(args.state, attempts)
+            log(f"the node {node_name(gone)} (state {gone}) has given no sign of life for {args.leader_timeout:.0f} s "
+                "- its node down or cut off, or its unit stopped or failed: stopping the job; start it again with "
+                "train.yml once that node is back, or over the remaining trainers (eagle3_train_hosts)")  # fmt: skip
+            return EXIT_NODE_GONE
         if attempt["cause"] not in ("completed", "out_of_memory") and not STOPPING.is_set():
             peer = peer_out_of_memory(args.peer_state, attempt["n"])
             if peer:
@@ -260,6 +285,15 @@ def cause_of(rc: int, tail: str) -> str:
     return "error"
 
 
+def node_name(state: str) -> str:
+    """The inventory name of the node whose launcher keeps STATE (node-K: the job's K-th trainer, from the
+    unit's EAGLE3_TRAIN_HOSTS), else the directory itself."""
+    hosts = [h for h in os.environ.get("EAGLE3_TRAIN_HOSTS", "").split(",") if h]
+    base = os.path.basename(os.path.normpath(state))
+    rank = int(base[5:]) if base.startswith("node-") and base[5:].isdigit() else None
+    return hosts[rank] if rank is not None and rank < len(hosts) else state
+
+
 def peer_out_of_memory(peers: list[str], n: int) -> str | None:
     """The first follower state whose ranks ran out of memory in attempt ``n`` (waiting PEER_GRACE for them)."""
     deadline = time.monotonic() + (PEER_GRACE if peers else 0)
@@ -283,8 +317,9 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
     the unit. An attempt under way is abandoned then too: its ranks would wait for a peer that is not coming.
     """
     _save_attempts(state, attempts)
+    threading.Thread(target=beat_forever, args=(state,), daemon=True).start()  # the leader watches it
     left: set[int] = set()  # the leader's attempts this process has joined and seen end
-    watch = LeaderWatch(leader)
+    watch = NodeWatch(leader)
     log(f"following the leader's attempts in {leader}")
 
     while True:
@@ -307,9 +342,11 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
         _save_attempts(state, attempts)
         log(f"joining the leader's attempt {n}: total_seq_len={lead['total_seq_len']}")
 
-        def abandoned(n: int = n) -> bool:
+        def abandoned(n: int = n) -> str | None:
             now = _running(leader)
-            return (now is not None and now["n"] != n) or watch.silent_for() > timeout
+            if now is not None and now["n"] != n:
+                return "the leader left this attempt"
+            return "the leader went silent" if watch.silent_for() > timeout else None
 
         rc, tail = run_attempt(command(template, lead), os.path.join(state, f"attempt-{n}.log"), abandoned)
         finish(attempt, rc, tail)

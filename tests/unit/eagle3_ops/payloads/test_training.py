@@ -248,7 +248,8 @@ def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_lead
     reap(leader)
     out, _ = leader.communicate(timeout=120)
     assert leader.returncode == 0, out
-    assert json.loads((tmp_path / "state" / "heartbeat").read_text())["beat"] >= 1  # the leader beat while it ran
+    for state in ("state", "state/node-1"):  # each node beat while it ran, the follower too (the leader watches it)
+        assert json.loads((tmp_path / state / "heartbeat").read_text())["beat"] >= 1
     fout, _ = follower.communicate(timeout=30)
     assert follower.returncode == 0, fout
     lead = json.loads((tmp_path / "state" / "attempts.json").read_text())
@@ -317,22 +318,29 @@ def test_a_follower_whose_leader_runs_no_attempt_stops_with_its_own_exit_code(tm
     assert "has given no sign of life for 2 s" in out and "once the leader's node is back" in out
 
 
-def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_goes_silent(tmp_path, reap):
-    leader_state = tmp_path / "state"
-    # The leader runs attempt 1 (its ranks wait at their rendezvous, as ours do): the follower joins it.
-    follower = follower_of(tmp_path, [{"n": 1, "total_seq_len": 8192, "cause": "running"}],
-                           ["-c", "import time; time.sleep(99)", "{total_seq_len}"], "--leader-timeout", "2")
+def beat_in(state: Path) -> threading.Event:
+    """Beat a node's heartbeat in STATE (as its launcher does, faster) until the returned event is cleared."""
     beating = threading.Event()
     beating.set()
+    state.mkdir(parents=True, exist_ok=True)
 
     def beat() -> None:
         count = 0
         while beating.is_set():
             count += 1
-            (leader_state / "heartbeat").write_text(json.dumps({"beat": count}))
+            (state / "heartbeat").write_text(json.dumps({"beat": count}))
             time.sleep(0.3)
 
     threading.Thread(target=beat, daemon=True).start()
+    return beating
+
+
+def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_goes_silent(tmp_path, reap):
+    leader_state = tmp_path / "state"
+    # The leader runs attempt 1 (its ranks wait at their rendezvous, as ours do): the follower joins it.
+    follower = follower_of(tmp_path, [{"n": 1, "total_seq_len": 8192, "cause": "running"}],
+                           ["-c", "import time; time.sleep(99)", "{total_seq_len}"], "--leader-timeout", "2")
+    beating = beat_in(leader_state)
     reap(follower)
     time.sleep(5)  # beyond the timeout: a leader that beats is waited for, however long its attempt
     assert follower.poll() is None
@@ -342,3 +350,51 @@ def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_g
     assert "went silent: stopping this node's trainer" in out and "no sign of life for 2 s" in out
     mine = json.loads((leader_state / "node-1" / "attempts.json").read_text())
     assert mine[-1]["n"] == 1 and mine[-1]["cause"] == "signal SIGTERM"
+
+
+def test_a_leader_waits_while_its_followers_beat_and_stops_the_job_naming_the_node_that_goes_silent(tmp_path, reap):
+    """A follower's node dies (or its unit stops for good): the leader's ranks would wait in a collective, or a
+    restarted leader at a rendezvous that node never joins, and systemd would start it into the same wait again.
+    The leader stops its attempt once that follower gives no sign of life for the timeout and exits 5 (not
+    restarted), its record naming the node."""
+    state = tmp_path / "state"
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
+           "--state", str(state), "--peer-state", str(state / "node-1"), "--peer-state", str(state / "node-2"),
+           "--leader-timeout", "2", "--start", "8192", "--", sys.executable, "-c", "import time; time.sleep(99)",
+           "{total_seq_len}"]  # fmt: skip
+    beats = [beat_in(state / "node-1"), beat_in(state / "node-2")]
+    leader = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "EAGLE3_TRAIN_HOSTS": "ct131,ct132,ct133"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    reap(leader)
+    time.sleep(5)  # beyond the timeout: followers that beat are waited for, however long the attempt
+    assert leader.poll() is None
+    beats[1].clear()  # node-2's node is gone
+    out, _ = leader.communicate(timeout=30)
+    beats[0].clear()
+    assert leader.returncode == 5, out  # the unit's RestartPreventExitStatus: systemd leaves it failed
+    assert "the node ct133 went silent: stopping this node's trainer" in out
+    assert "the node ct133 (state " in out and "no sign of life for 2 s" in out and "remaining trainers" in out
+    tried = json.loads((state / "attempts.json").read_text())
+    assert [(a["n"], a["cause"], a.get("node")) for a in tried] == [(1, "node_gone", "ct133")], tried
+    assert not (state / "result.json").exists()
+
+
+def test_a_restarted_leader_whose_follower_never_beats_stops_instead_of_waiting_at_its_rendezvous(tmp_path, reap):
+    # The follower's unit failed for good while the leader's node was down (its heartbeat, stale, never changes);
+    # the leader's node came back and its unit started the job again: its attempt would wait for that node.
+    state = tmp_path / "state"
+    (state / "node-1").mkdir(parents=True)
+    (state / "node-1" / "heartbeat").write_text(json.dumps({"beat": 7}))
+    (state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "running"}]))
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
+           "--state", str(state), "--peer-state", str(state / "node-1"), "--leader-timeout", "2", "--start", "8192",
+           "--", sys.executable, "-c", "import time; time.sleep(99)", "{total_seq_len}"]  # fmt: skip
+    leader = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)  # fmt: skip
+    reap(leader)
+    out, _ = leader.communicate(timeout=30)
+    assert leader.returncode == 5, out
+    tried = json.loads((state / "attempts.json").read_text())
+    # (no EAGLE3_TRAIN_HOSTS: the node is named by its state directory)
+    assert [(a["n"], a["cause"], a.get("node")) for a in tried] == [
+        (1, "interrupted", None), (2, "node_gone", str(state / "node-1"))]  # fmt: skip

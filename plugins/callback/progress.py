@@ -21,7 +21,8 @@ description:
     one.
   - After the recap, the wall time of the run per role (time from each task's start to the next one's, summed by
     the outermost role the task runs under - a shared role's task file counts for the role that called it -; tasks
-    of the play itself count as C(play)), largest first, to show where a run spends its time.
+    of the play itself count as C(play)), largest first, to show where a run spends its time; then the five
+    tasks that took longest (a task file run several times sums its runs), with their roles.
 author: eagle3-ops contributors (@eagle3-ops)
 version_added: "0.1.0"
 extends_documentation_fragment:
@@ -50,16 +51,24 @@ class CallbackModule(DefaultCallback):
         self._line_open = False  # a progress line on a terminal awaits its newline
         self._tty = sys.stdout.isatty()
         self._role_seconds: dict[str, float] = {}
-        self._current: tuple[str, float] | None = None  # (role of the running task, its start)
+        self._task_seconds: dict[str, float] = {}
+        self._current: tuple[str, str, float] | None = None  # (role of the running task, the task, its start)
         self._run_started = time.monotonic()
 
-    def _clock(self, role: str | None) -> None:
-        """Close the running task's time (charged to its role) and start the next one's."""
+    def _clock(self, role: str | None, task: str = "") -> None:
+        """Close the running task's time (charged to it and to its role) and start the next one's."""
         now = time.monotonic()
         if self._current is not None:
-            name, started = self._current
+            name, label, started = self._current
             self._role_seconds[name] = self._role_seconds.get(name, 0.0) + now - started
-        self._current = (role, now) if role is not None else None
+            self._task_seconds[label] = self._task_seconds.get(label, 0.0) + now - started
+        self._current = (role, task, now) if role is not None else None
+
+    def _start(self, task) -> None:
+        """Clock a task's start: its time counts for the outermost role it runs under, and for itself (named as
+        Ansible names it, under that role where it is another role's task file)."""
+        role, name = self._role_of(task), task.get_name()
+        self._clock(role, name if role == "play" or name.startswith(role + " : ") else f"{role} > {name}")
 
     @staticmethod
     def _role_of(task) -> str:
@@ -115,12 +124,12 @@ class CallbackModule(DefaultCallback):
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
         self._close_line()
-        self._clock(self._role_of(task))
+        self._start(task)
         super().v2_playbook_on_task_start(task, is_conditional)
 
     def v2_playbook_on_handler_task_start(self, task) -> None:
         self._close_line()
-        self._clock(self._role_of(task))
+        self._start(task)
         super().v2_playbook_on_handler_task_start(task)
 
     def v2_playbook_on_stats(self, stats) -> None:
@@ -140,3 +149,6 @@ class CallbackModule(DefaultCallback):
             self._display.display(f"TIME PER ROLE (wall, {total:.1f} s in all)")
             for name, seconds in sorted(self._role_seconds.items(), key=lambda item: -item[1]):
                 self._display.display(f"  {name:<40} {seconds:7.1f} s  {seconds / total:5.1%}" if total else name)
+            self._display.display("SLOWEST TASKS")
+            for name, seconds in sorted(self._task_seconds.items(), key=lambda item: -item[1])[:5]:
+                self._display.display(f"  {seconds:7.1f} s  {name}")

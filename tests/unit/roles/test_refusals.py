@@ -67,8 +67,10 @@ def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "sr
      "gpu_facts_free_threshold_mib and gpu_facts_expected_count must be 0 or more (got -1 and None)."),
     ("sglang_router", "validate.yml", {"sglang_router_port": 30080, "sglang_router_health_check_interval": 0},
      "and sglang_router_health_check_interval at least 1 second (got 0)."),
+    ("eagle3_train", "preflight.yml", {"eagle3_train_hosts": ["srv", "rtr"], "eagle3_train_leader_timeout": 4},
+     "eagle3_train_leader_timeout is 4 s, but a node of a job over several trainers beats every 2 s"),
 ], ids=["tree-on-reference", "loopback-behind-router", "engine", "draft-tokens", "gpu-count", "gpu-busy",
-        "threshold", "router-health-interval"])  # fmt: skip
+        "threshold", "router-health-interval", "node-timeout"])  # fmt: skip
 def test_a_bad_argument_is_refused_in_its_own_sentence(tmp_path, role, tasks, extra, says):
     message = refusal(tmp_path, role, tasks, extra)
     assert says in message, message

@@ -60,10 +60,10 @@ def test_verbose_runs_keep_the_default_retry_lines(callback, monkeypatch):
     assert callback.shown and "FAILED - RETRYING" in callback.shown[0]
 
 
-def test_the_recap_is_followed_by_the_time_per_role(callback, monkeypatch):
+def test_the_recap_is_followed_by_the_time_per_role_and_the_slowest_tasks(callback, monkeypatch):
     from ansible.executor.stats import AggregateStats
 
-    clock = iter([1.0, 4.0, 4.5, 10.0, 10.0, 10.0])
+    clock = iter([1.0, 4.0, 4.5, 10.0, 11.0, 12.0, 12.0, 12.0])
     monkeypatch.setattr("time.monotonic", lambda: next(clock))
     callback._run_started = 0.0
 
@@ -71,26 +71,33 @@ def test_the_recap_is_followed_by_the_time_per_role(callback, monkeypatch):
         def __init__(self, name: str) -> None:
             self.name = name
 
-        def get_name(self) -> str:
+        def get_name(self, include_role_fqcn: bool = True) -> str:
             return self.name
 
-    def task(role: str | None):
+    def task(role: str | None, name: str):
         from ansible.playbook.task import Task
 
         t = Task()
         t._role = Role(role) if role else None
+        t.name = name
         return t
 
     monkeypatch.setattr(type(callback).__mro__[1], "v2_playbook_on_task_start", lambda self, t, c: None)
     monkeypatch.setattr(type(callback).__mro__[1], "v2_playbook_on_stats", lambda self, s: None)
-    callback.v2_playbook_on_task_start(task("eagle3.ops.gpu_facts"), False)  # 1.0
-    callback.v2_playbook_on_task_start(task("eagle3.ops.eagle3_train"), False)  # 4.0: gpu_facts 3 s
-    callback.v2_playbook_on_task_start(task(None), False)  # 4.5: eagle3_train 0.5 s
-    callback.v2_playbook_on_stats(AggregateStats())  # 10.0: play 5.5 s
-    lines = [line for line in callback.shown if line.startswith("  ") or line.startswith("TIME")]
-    assert lines[0] == "TIME PER ROLE (wall, 10.0 s in all)"
-    assert [line.split()[0] for line in lines[1:]] == ["play", "eagle3.ops.gpu_facts", "eagle3.ops.eagle3_train"]
-    assert "5.5 s" in lines[1] and "3.0 s" in lines[2] and "0.5 s" in lines[3]
+    callback.v2_playbook_on_task_start(task("eagle3.ops.gpu_facts", "Read"), False)  # 1.0
+    callback.v2_playbook_on_task_start(task("eagle3.ops.eagle3_train", "Start"), False)  # 4.0: gpu_facts 3 s
+    callback.v2_playbook_on_task_start(task(None, "Say"), False)  # 4.5: eagle3_train 0.5 s
+    callback.v2_playbook_on_task_start(task("eagle3.ops.gpu_facts", "Read"), False)  # 10.0: play 5.5 s
+    callback.v2_playbook_on_task_start(task(None, "End"), False)  # 11.0: the same gpu_facts task again, 1 s
+    callback.v2_playbook_on_stats(AggregateStats())  # 12.0: play 1 s more
+    lines = [line for line in callback.shown if line.startswith(("  ", "TIME", "SLOWEST"))]
+    assert lines[0] == "TIME PER ROLE (wall, 12.0 s in all)"
+    assert [line.split()[0] for line in lines[1:4]] == ["play", "eagle3.ops.gpu_facts", "eagle3.ops.eagle3_train"]
+    assert "6.5 s" in lines[1] and "4.0 s" in lines[2] and "0.5 s" in lines[3]
+    assert lines[4] == "SLOWEST TASKS"
+    assert [line.split(None, 2)[::2] for line in lines[5:]] == [
+        ["5.5", "Say"], ["4.0", "eagle3.ops.gpu_facts : Read"], ["1.0", "End"],
+        ["0.5", "eagle3.ops.eagle3_train : Start"]]  # fmt: skip
 
 
 def test_a_shared_role_s_task_counts_for_the_role_that_called_it(callback):
@@ -101,7 +108,7 @@ def test_a_shared_role_s_task_counts_for_the_role_that_called_it(callback):
         def __init__(self, name: str) -> None:
             self.name = name
 
-        def get_name(self) -> str:
+        def get_name(self, include_role_fqcn: bool = True) -> str:
             return self.name
 
     include = Task()
@@ -111,6 +118,9 @@ def test_a_shared_role_s_task_counts_for_the_role_that_called_it(callback):
     wait = Task(block=block)
     wait._role = Role("eagle3.ops.eagle3_common")
     assert callback._role_of(wait) == "eagle3.ops.eagle3_train"
+    wait.name = "Wait for the job"
+    callback._start(wait)  # and its time, among the slowest tasks, is named under the role that called it
+    assert callback._current[1] == "eagle3.ops.eagle3_train > eagle3.ops.eagle3_common : Wait for the job"
     alone = Task()
     alone._role = Role("eagle3.ops.gpu_facts")
     assert callback._role_of(alone) == "eagle3.ops.gpu_facts"

@@ -464,16 +464,17 @@ def test_a_changed_multi_node_job_restarts_on_every_node_then_cleanup_of_one_tra
     job = (*TRAIN, "--tags", "train", "-e", "eagle3_train_wait=false", "-e", f"eagle3_train_dir={train_dir}")
     run = run_playbook("train.yml", *job, "-e", "eagle3_train_epochs=50", env=fleet_env(), timeout=1200, check=False)
     assert run.returncode == 0, run.stdout[-4000:]
-    assert all(both_hold_their_gpu()), "the two-node job's ranks never held both GPUs"
 
-    # 1. The job changes while it runs (here its epochs): every node's launcher is restarted with its new unit - a
-    # follower that went on with its old command would never form an attempt with the leader's new one.
+    # 1. The job changes while it runs (here its epochs; its units are up, its first attempt forming or under way):
+    # every node's launcher is restarted with its new unit - a follower that went on with its old command would
+    # never form an attempt with the leader's new one.
     def main_pid(host: str) -> str:
         return trainer(host, "systemctl", "show", "-p", "MainPID", "--value", "eagle3-train").stdout.strip()
 
     pids = {h: main_pid(h) for h in TRAINERS}
     state = on_share(train_dir) / "state"
     states = {"ct131": state / "attempts.json", "ct132": state / "node-1" / "attempts.json"}
+    tried = len(json.loads(states["ct131"].read_text())) if states["ct131"].exists() else 0
     changed = run_playbook("train.yml", *job, "-e", "eagle3_train_epochs=60", env=fleet_env(), timeout=1200,
                            check=False)  # fmt: skip
     assert changed.returncode == 0, changed.stdout[-4000:]
@@ -489,7 +490,7 @@ def test_a_changed_multi_node_job_restarts_on_every_node_then_cleanup_of_one_tra
             and running_attempt(states["ct131"]) == running_attempt(states["ct132"])):  # fmt: skip
         time.sleep(0.5)
     attempts = {h: json.loads(p.read_text()) for h, p in states.items()}
-    assert running_attempt(states["ct131"]) == running_attempt(states["ct132"]) > 1, attempts
+    assert running_attempt(states["ct131"]) == running_attempt(states["ct132"]) > tried, attempts
     assert all(both_hold_their_gpu()), "the restarted job's ranks never held both GPUs"
 
     # 2. Cleanup of one trainer stops the job on every node it spans.

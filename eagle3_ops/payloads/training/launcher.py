@@ -53,8 +53,11 @@ except ImportError:  # pragma: no cover - run as a loose script
 EXIT_LADDER_EXHAUSTED = 3
 EXIT_LEADER_GONE = 4  # a follower whose leader gave no sign of life for --leader-timeout seconds
 EXIT_NODE_GONE = 5  # a leader one of whose followers gave no sign of life for --leader-timeout seconds
+# The unit's RestartPreventExitStatus: the launcher's own verdicts. A trainer that exits with one of these codes
+# failed like any other (systemd restarts it): the launcher exits 1 for it.
+OWN_EXITS = (EXIT_LADDER_EXHAUSTED, EXIT_LEADER_GONE, EXIT_NODE_GONE)
 FOLLOW_POLL = 1.0  # seconds between looks at the leader's attempts
-HEARTBEAT_EVERY = 2.0  # seconds between two beats of a leader's launcher
+HEARTBEAT_EVERY = 2.0  # seconds between two beats of a node's launcher
 PEER_GRACE = 20.0  # seconds a leader waits for its followers to record how an attempt ended
 STOPPING = threading.Event()  # set when the launcher itself got SIGTERM/SIGINT (a stop, not a failure)
 
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         if attempt["cause"] != "out_of_memory":
             log(f"attempt {attempt['n']} failed ({attempt['cause']}, rc={rc}); a restart resumes from the newest "
                 "complete epoch with the same budget")  # fmt: skip
-            return rc if rc > 0 else 128 - rc
+            return (1 if rc in OWN_EXITS else rc) if rc > 0 else 128 - rc
         log(f"attempt {attempt['n']} ran out of memory at total_seq_len={total}; backing off")
     log(f"every budget down to {args.floor} ran out of memory; see attempts.json")
     return EXIT_LADDER_EXHAUSTED

@@ -145,14 +145,16 @@ def test_resume_after_a_kill_mid_epoch_ignores_the_partial_checkpoint(tmp_path):
     assert [a["cause"] for a in attempts] == ["interrupted", "completed"]  # the killed launcher could not say
 
 
-def test_a_non_oom_failure_stops_with_its_code(tmp_path):
+@pytest.mark.parametrize(("code", "exits"), [(7, 7), (4, 1)])
+def test_a_non_oom_failure_stops_with_its_code(tmp_path, code, exits):
+    # (a trainer's code that is one of the launcher's own verdicts, which systemd does not restart, becomes 1)
     proc = launcher(tmp_path, 8192, {})
     proc.communicate(timeout=60)
     bad = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "s2"),
            "--state", str(tmp_path / "st2"), "--start", "8192", "--", sys.executable, "-c",
-           "import sys; print('ValueError: bad config'); sys.exit(7)", "{total_seq_len}"]  # fmt: skip
+           f"import sys; print('ValueError: bad config'); sys.exit({code})", "{total_seq_len}"]  # fmt: skip
     result = subprocess.run(bad, cwd=ROOT, capture_output=True, text=True, check=False)
-    assert result.returncode == 7
+    assert result.returncode == exits
     attempts = json.loads((tmp_path / "st2" / "attempts.json").read_text())
     assert attempts[0]["cause"] == "error" and "bad config" in attempts[0]["log_tail"]
 

@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             # Its ranks are gone with it: another attempt would wait at a rendezvous it never joins.
             attempt.update(cause="node_gone", node=node_name(gone), peer=gone)
             _save_attempts(args.state, attempts)
-            log(f"the node {node_name(gone)} (state {gone}) has given no sign of life for {args.leader_timeout:.0f} s "
+            log(f"the node {attempt['node']} (state {gone}) has given no sign of life for {args.leader_timeout:.0f} s "
                 "- its node down or cut off, or its unit stopped or failed: stopping the job; start it again with "
                 "train.yml once that node is back, or over the remaining trainers (eagle3_train_hosts)")  # fmt: skip
             return EXIT_NODE_GONE

@@ -283,6 +283,18 @@ def follower_of(tmp_path: Path, attempts: list[dict], trainer: list[str], *optio
                             start_new_session=True)  # fmt: skip
 
 
+def leader_of(tmp_path: Path, followers: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A leader launcher with state tmp_path/state and FOLLOWERS followers (node-1...), a 2 s node timeout, whose
+    trainer waits as ranks at a rendezvous do."""
+    state = tmp_path / "state"
+    peers = [arg for k in range(1, followers + 1) for arg in ("--peer-state", str(state / f"node-{k}"))]
+    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
+           "--state", str(state), *peers, "--leader-timeout", "2", "--start", "8192", "--", sys.executable, "-c",
+           "import time; time.sleep(99)", "{total_seq_len}"]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+
+
 def test_a_follower_abandons_a_rendezvous_the_leader_left_and_joins_its_next_attempt(tmp_path, reap):
     leader_state = tmp_path / "state"
     # The leader's launcher died with attempt 1 "running"; the follower joins it and waits at its rendezvous.
@@ -360,13 +372,8 @@ def test_a_leader_waits_while_its_followers_beat_and_stops_the_job_naming_the_no
     The leader stops its attempt once that follower gives no sign of life for the timeout and exits 5 (not
     restarted), its record naming the node."""
     state = tmp_path / "state"
-    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
-           "--state", str(state), "--peer-state", str(state / "node-1"), "--peer-state", str(state / "node-2"),
-           "--leader-timeout", "2", "--start", "8192", "--", sys.executable, "-c", "import time; time.sleep(99)",
-           "{total_seq_len}"]  # fmt: skip
     beats = [beat_in(state / "node-1"), beat_in(state / "node-2")]
-    leader = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "EAGLE3_TRAIN_HOSTS": "ct131,ct132,ct133"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    leader = leader_of(tmp_path, 2, {"EAGLE3_TRAIN_HOSTS": "ct131,ct132,ct133"})
     reap(leader)
     time.sleep(5)  # beyond the timeout: followers that beat are waited for, however long the attempt
     assert leader.poll() is None
@@ -388,11 +395,7 @@ def test_a_restarted_leader_whose_follower_never_beats_stops_instead_of_waiting_
     (state / "node-1").mkdir(parents=True)
     (state / "node-1" / "heartbeat").write_text(json.dumps({"beat": 7}))
     (state / "attempts.json").write_text(json.dumps([{"n": 1, "total_seq_len": 8192, "cause": "running"}]))
-    cmd = [sys.executable, "-m", "eagle3_ops.payloads.training.launcher", "--save-dir", str(tmp_path / "save"),
-           "--state", str(state), "--peer-state", str(state / "node-1"), "--leader-timeout", "2", "--start", "8192",
-           "--", sys.executable, "-c", "import time; time.sleep(99)", "{total_seq_len}"]  # fmt: skip
-    leader = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)  # fmt: skip
+    leader = leader_of(tmp_path, 1)
     reap(leader)
     out, _ = leader.communicate(timeout=30)
     assert leader.returncode == 5, out

@@ -62,6 +62,18 @@ def test_deploy_serves_the_draft_at_16_tokens(deployed):
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]  # SGLang's numbering
 
 
+def test_the_labs_environments_link_one_unpacked_torch(deployed):
+    # inventory/lab: every container's environments link their files from one uv cache on the build cache mount, so
+    # torch unpacks once per machine - not once per container, as with a cache of each container's own.
+    probe = "import os, sys; print(os.path.realpath(sys.argv[1]))"
+    where = {}
+    venvs = (("129", "/opt/eagle3-ops/venv"), ("129", "/opt/eagle3-ops/vllm"), ("130", "/opt/eagle3-ops/sglang"))
+    for vmid, venv in venvs:
+        init = f"{venv}/lib/python3.11/site-packages/torch/__init__.py"
+        where[f"{vmid}:{venv}"] = pct("exec", vmid, "--", "python3", "-c", probe, init).stdout.strip()
+    assert len(set(where.values())) == 1 and next(iter(where.values())).startswith("/srv/lab-cache/uv/"), where
+
+
 def test_the_status_table_shows_what_is_served(deployed):
     proc = subprocess.run([sys.executable, "-m", "eagle3_ops.cli", "status", "-l", "ct130"], cwd=ROOT,
                           env=ansible_env(EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test")), capture_output=True,

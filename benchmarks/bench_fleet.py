@@ -48,10 +48,13 @@ from eagle3_ops.recap import converged
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 FIRST_VMID = 151
-# What deploying one lab server adds (measured 2026-12-04 on the fleet lab: a bench container's root file system grew
-# from 0.22 to 3.0 GiB, its server's resident memory 0.47 GiB), with the room this machine keeps free beside them.
-SERVER_DISK_GIB = 2.8
+# What deploying one lab server adds: its server's resident memory 0.47 GiB (measured 2026-12-04 on the fleet lab), and
+# on its container's disk 0.27 GiB (2026-12-05, the one-node test lab's server after its deploy): its environments
+# link their files from the labs' one uv cache (inventory/lab), which holds 3.8 GiB once per machine (before, each
+# container unpacked its own: a bench container grew from 0.22 to 3.0 GiB). With the room this machine keeps free.
+SERVER_DISK_GIB = 0.3
 SERVER_MEMORY_GIB = 0.5
+SHARED_CACHE_GIB = 4.0  # counted whether or not the cache is there yet: the first install fills it
 SPARE_DISK_GIB, SPARE_MEMORY_GIB = 5.0, 4.0
 SMI = "nvidia-smi --query-gpu=index,memory.used,memory.total,power.draw,utilization.gpu --format=csv,noheader,nounits"
 
@@ -102,7 +105,8 @@ def no_room(k: int, lxc_path: str) -> str | None:
     disk = shutil.disk_usage(lxc_path).free / 2**30
     available = re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text())
     memory = int(available.group(1)) / 2**20 if available else 0.0
-    need_disk, need_memory = k * SERVER_DISK_GIB + SPARE_DISK_GIB, k * SERVER_MEMORY_GIB + SPARE_MEMORY_GIB
+    need_disk = k * SERVER_DISK_GIB + SHARED_CACHE_GIB + SPARE_DISK_GIB
+    need_memory = k * SERVER_MEMORY_GIB + SPARE_MEMORY_GIB
     if disk < need_disk:
         return f"needs {need_disk:.0f} GiB free at {lxc_path}, {disk:.0f} GiB are"
     if memory < need_memory:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import run_playbook
 from tests.modules import ROOT
 
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yml"))
@@ -86,3 +87,30 @@ def test_nothing_reaches_outside_the_collection():
         assert "playbook_dir" not in text and "ansible_config_file" not in text, path
         for target in re.findall(r"role_path \}\}/\.\./\.\./([\w./-]+)", text):
             assert target.split("/")[0] not in ignored and (ROOT / target).exists(), f"{path}: {target}"
+
+
+# The stage tags that run in no runtime of the playbook's: gpu_cleanup only stops processes, and the router has
+# an environment of its own (sglang_router installs it under the same tag).
+NO_RUNTIME = {"always", "never", "runtime", "cleanup", "router"}
+
+
+@pytest.mark.parametrize("name", ["train.yml", "deploy.yml"])
+def test_a_stage_tag_selects_the_runtimes_the_stage_runs_in(name: str, tmp_path: Path):
+    """--tags data on a fresh trainer (or --tags serve on a fresh server) installs the runtime the stage runs in,
+    as Ansible itself resolves the tags (inherited, applied, anchored): every task tagged runtime is tagged with
+    each stage tag of the playbook's plays too."""
+    playbook = ROOT / "playbooks" / name
+    stages = set()
+    for play in yaml.safe_load(playbook.read_text()):
+        tasks = _tasks([*(play.get("pre_tasks") or []), *(play.get("tasks") or [])])
+        for entry in [*(play.get("roles") or []), *tasks]:
+            stages |= set(entry.get("tags") or []) if isinstance(entry, dict) else set()
+    stages -= NO_RUNTIME
+    assert stages, f"{name}: no stage tags found"
+    (tmp_path / "hosts.yml").write_text("all:\n  children: {trainers: {hosts: {}}, servers: {hosts: {}}}\n")
+    proc = run_playbook(playbook, "--list-tasks", "-i", str(tmp_path / "hosts.yml"), timeout=300)
+    runtime = [line.strip() for line in proc.stdout.splitlines() if re.search(r"TAGS: \[[^]]*\bruntime\b", line)]
+    assert len(runtime) >= 3, proc.stdout  # the fingerprint check, the install, the fingerprint's record
+    for line in runtime:
+        tags = set(re.search(r"TAGS: \[([^]]*)\]", line)[1].split(", "))
+        assert "always" in tags or stages <= tags, f"{name}: {line!r} is not selected by {sorted(stages - tags)}"

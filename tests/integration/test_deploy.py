@@ -74,6 +74,17 @@ def test_the_labs_environments_link_one_unpacked_torch(deployed):
     assert len(set(where.values())) == 1 and next(iter(where.values())).startswith("/srv/lab-cache/uv/"), where
 
 
+def test_vllm_keeps_what_it_inspected_in_the_labs_shared_cache(deployed):
+    # vLLM inspects each model class in a subprocess unless VLLM_CACHE_ROOT's modelinfos has it (registry.py): the
+    # extraction server's two classes are kept on the build cache mount, for every container's first start, and
+    # nothing is in the trainer's own default cache.
+    kept = pct("exec", "129", "--", "ls", "/srv/lab-cache/vllm/modelinfos").stdout.split()
+    assert {"vllm-model_executor-models-llama-LlamaForCausalLM.json",
+            "vllm-model_executor-models-extract_hidden_states-ExtractHiddenStatesModel.json"} <= set(kept), kept
+    own = pct("exec", "129", "--", "ls", "/root/.cache/vllm/modelinfos", check=False)
+    assert own.returncode != 0 or not own.stdout.split(), own.stdout
+
+
 def test_the_status_table_shows_what_is_served(deployed):
     proc = subprocess.run([sys.executable, "-m", "eagle3_ops.cli", "status", "-l", "ct130"], cwd=ROOT,
                           env=ansible_env(EAGLE3_OPS_RUNS=str(ROOT / "artifacts" / "test")), capture_output=True,

@@ -77,8 +77,9 @@ def test_exec_keep_env_controls_the_environment(lab):
 def test_commands_and_services_in_a_container_get_the_labs_environment(lab):
     # lab_host_container_environment's default: one OpenMP thread per process, whoever starts it - a command run
     # through pct exec (Ansible's tasks, lxc.environment) or a unit of the container's systemd (its DefaultEnvironment).
-    # And Python's bytecode in the one tree on the build cache mount that every lab container shares.
-    want = ["OMP_NUM_THREADS=1", "VLLM_CPU_OMP_THREADS_BIND=nobind", "PYTHONPYCACHEPREFIX=/srv/lab-cache/pycache"]
+    # And Python's bytecode and vLLM's cache in the one tree on the build cache mount that every lab container shares.
+    want = ["OMP_NUM_THREADS=1", "VLLM_CPU_OMP_THREADS_BIND=nobind", "PYTHONPYCACHEPREFIX=/srv/lab-cache/pycache",
+            "VLLM_CACHE_ROOT=/srv/lab-cache/vllm"]
     clean = pct("exec", "129", "--keep-env", "0", "--", "env").stdout.splitlines()
     assert all(line in clean for line in want), clean
     units = pct("exec", "129", "--", "systemctl", "show-environment").stdout.splitlines()  # what every unit starts with

@@ -56,7 +56,7 @@ LAB_ROOT = Path("/var/lib/eagle3-lab-test")
 LAB_LXC_PATH = LAB_ROOT / "lxc"
 PCT = str(LAB_ROOT / "sbin" / "pct")
 # The fleet tests' own lab (tests/lab-fleet/group_vars/all/10-fleet-test-lab.yml): two nodes, hops on FLEET_PORT and
-# the next port, its own root, keys, pct and bridge.
+# the next port, its own root, keys, pct and bridge; the molecule scenarios run on it too.
 FLEET_INVENTORY = ROOT / "tests" / "lab-fleet"
 FLEET_STATE = ROOT / ".lab-fleet-test"
 FLEET_ROOT = Path("/var/lib/eagle3-lab-fleettest")
@@ -64,14 +64,6 @@ FLEET_LXC_PATH = FLEET_ROOT / "lxc"
 FLEET_PCT = str(FLEET_ROOT / "sbin" / "pct")
 FLEET_PORT = 10132
 FLEET_API_PORT = 8116
-# The molecule scenarios' own lab (tests/lab-molecule): one node and no container until a scenario creates its own.
-MOLECULE_INVENTORY = ROOT / "tests" / "lab-molecule"
-MOLECULE_STATE = ROOT / ".lab-molecule-test"
-MOLECULE_ROOT = Path("/var/lib/eagle3-lab-moltest")
-MOLECULE_LXC_PATH = MOLECULE_ROOT / "lxc"
-MOLECULE_PCT = str(MOLECULE_ROOT / "sbin" / "pct")
-MOLECULE_PORT = 10142
-MOLECULE_API_PORT = 8126
 
 
 # In-process imports of eagle3.ops (module_utils in module tests, plugins through the loaders) go through
@@ -257,33 +249,21 @@ def close_ssh_masters(ports) -> None:
                            capture_output=True, timeout=10, check=False)  # fmt: skip
 
 
-def lab_of_its_own(inventory: Path, root: Path, ports: list[int]) -> Iterator[dict[str, object]]:
-    """A test lab that one worker brings up for its tests (lab.yml with INVENTORY) and takes down after them: its
-    ssh masters on PORTS closed, nothing left under ROOT."""
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    env = ansible_env(ANSIBLE_INVENTORY=str(inventory))
-    started = time.monotonic()
-    proc = run_playbook("lab.yml", env=env, timeout=1500)
-    _BRINGUP_PENDING.append(time.monotonic() - started)
-    yield {"recap": recap(proc.stdout), "output": proc.stdout}
-    close_ssh_masters(ports)
-    down = run_playbook("lab.yml", "-e", "lab_state=absent", env=env, timeout=900, check=False)
-    assert down.returncode == 0 and not root.exists(), down.stdout[-4000:]
-
-
 @pytest.fixture(scope="session")
 def fleet_lab() -> Iterator[dict[str, object]]:
     """The fleet tests' own lab (tests/lab-fleet), up for the session of the worker that runs its tests, and taken
     down when that session ends."""
-    yield from lab_of_its_own(FLEET_INVENTORY, FLEET_ROOT, [FLEET_PORT, FLEET_PORT + 1])
-
-
-@pytest.fixture(scope="module")
-def molecule_lab() -> Iterator[dict[str, object]]:
-    """The molecule scenarios' own lab (tests/lab-molecule), up while the worker that runs them runs them."""
-    yield from lab_of_its_own(MOLECULE_INVENTORY, MOLECULE_ROOT, [MOLECULE_PORT])
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    env = ansible_env(ANSIBLE_INVENTORY=str(FLEET_INVENTORY))
+    started = time.monotonic()
+    proc = run_playbook("lab.yml", env=env, timeout=1500)
+    _BRINGUP_PENDING.append(time.monotonic() - started)
+    yield {"recap": recap(proc.stdout), "output": proc.stdout}
+    close_ssh_masters([FLEET_PORT, FLEET_PORT + 1])
+    down = run_playbook("lab.yml", "-e", "lab_state=absent", env=env, timeout=900, check=False)
+    assert down.returncode == 0 and not FLEET_ROOT.exists(), down.stdout[-4000:]
 
 
 def user_lab_snapshot() -> dict[str, object]:
@@ -324,48 +304,43 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 # The test command runs in three pytest-xdist workers (-n 3): each lab's tests form one group that one worker runs in
-# order, and the third takes what needs no lab (SGLang's judging, the unit tests) and the molecule scenarios (a lab
-# of their own, one node and no container of its own) while the two big labs' tests run.
-# Every integration file is the one-node test lab's (tests/lab) but the fleet lab's (tests/lab-fleet), the molecule
-# lab's (tests/lab-molecule) and those that need no lab; unit tests need none either.
+# order, and the third takes what needs no lab (SGLang's judging, the unit tests) while the two labs' tests run.
+# Every integration file is the one-node test lab's (tests/lab) but the fleet lab's (tests/lab-fleet: the fleet's
+# tests and the molecule scenarios, which run on any lab) and those that need no lab; unit tests need none either.
 # The groups go by file (pytest-xdist's own xdist_group marks do not reach its scheduler on pytest 9.2), and
 # collection checks that each test's lab agrees with its file's.
-FLEET_FILES = {"test_fleet.py"}
-MOLECULE_FILES = {"test_molecule.py"}
+FLEET_FILES = {"test_fleet.py", "test_molecule.py"}
 LABLESS_FILES = {"test_sglang_judge.py", "test_collection.py", "test_template.py"}
 
 
 def lab_group(path: str | Path) -> str | None:
-    """The lab whose worker runs the tests of this file: "lab", "fleet", "molecule", or None (any worker)."""
+    """The lab whose worker runs the tests of this file: "lab", "fleet", or None (any worker)."""
     p = Path(path)
     if "integration" not in p.parts or p.name in LABLESS_FILES:
         return None
-    return "fleet" if p.name in FLEET_FILES else "molecule" if p.name in MOLECULE_FILES else "lab"
+    return "fleet" if p.name in FLEET_FILES else "lab"
 
 
 def _lab_used(item: pytest.Item) -> str | None:
     if "fleet_lab" in item.fixturenames:
         return "fleet"
-    if "molecule_lab" in item.fixturenames:
-        return "molecule"
     if "lab" in item.fixturenames or item.get_closest_marker("lab_teardown"):
         return "lab"
     return None
 
 
-def _order(item: pytest.Item) -> tuple[float, bool]:
+def _order(item: pytest.Item) -> tuple[int, bool]:
     """The one-node lab's tests first (its lab_teardown tests last of them); then, with three workers or more, the
-    fleet lab's, which the second worker starts at once (its tests are the longest chain), and SGLang's judging and
-    the molecule scenarios in the third; with two, SGLang's judging before the fleet's, which the second worker runs
-    while the one-node lab comes up (the labs' builds take turns), and the molecule scenarios after the fleet's; then
-    the rest, which a worker takes once its lab's tests are done. Every worker sorts alike (pytest-xdist runs only
-    when they collect the same order): each reads the one worker count."""
+    fleet lab's, which the second worker starts at once (its tests are the longest chain), and SGLang's judging in the
+    third; with two, SGLang's judging before the fleet's, which the second worker runs while the one-node lab comes up
+    (the labs' builds take turns); then the rest, which a worker takes once its lab's tests are done. Every worker
+    sorts alike (pytest-xdist runs only when they collect the same order): each reads the one worker count."""
     group = lab_group(item.path)
     fleet_first = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= 3
     judging = item.path.name == "test_sglang_judge.py"
-    ranks = {"lab": 0, "fleet": 1 if fleet_first else 2, "molecule": 2.5,
-             None: (2 if fleet_first else 1) if judging else 3}  # fmt: skip
-    return ranks[group], item.get_closest_marker("lab_teardown") is not None
+    ranks = {"lab": 0, "fleet": 1 if fleet_first else 2, None: (2 if fleet_first else 1) if judging else 3}
+    rank = ranks[group]
+    return rank, item.get_closest_marker("lab_teardown") is not None
 
 
 @pytest.hookimpl(tryfirst=True)

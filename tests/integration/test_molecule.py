@@ -1,7 +1,7 @@
-"""Every role's molecule scenario (converge, idempotence, verify) on a real lab container - of a lab of their own
-(tests/lab-molecule: one node, no container but the scenarios'), up while this module runs, in a worker beside the
-one-node lab's and the fleet's tests. The serving roles' scenarios (sglang_serve, spec_bench) share one container -
-same platform, no destroy in their sequence - which this module removes after them, before its lab goes down."""
+"""Every role's molecule scenario (converge, idempotence, verify) on a real lab container - of the fleet tests' lab
+(tests/lab-fleet), in the worker that runs it, beside the one-node lab's tests. The serving roles' scenarios
+(sglang_serve, spec_bench) share one container - same platform, no destroy in their sequence - which this module
+removes after them."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
-    MOLECULE_API_PORT,
-    MOLECULE_LXC_PATH,
-    MOLECULE_PCT,
-    MOLECULE_PORT,
-    MOLECULE_ROOT,
-    MOLECULE_STATE,
+    FLEET_API_PORT,
+    FLEET_LXC_PATH,
+    FLEET_PCT,
+    FLEET_PORT,
+    FLEET_ROOT,
+    FLEET_STATE,
     ROOT,
     ansible_env,
 )
@@ -40,17 +40,17 @@ def _shared_vmids() -> set[int]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _remove_shared_containers(molecule_lab):
+def _remove_shared_containers():
     yield
     for vmid in sorted(_shared_vmids()):
-        if (MOLECULE_ROOT / "pve" / "nodes" / "pve-lab" / "lxc" / f"{vmid}.conf").exists():
-            subprocess.run([MOLECULE_PCT, "destroy", str(vmid), "--force", "1"], capture_output=True, timeout=300,
+        if (FLEET_ROOT / "pve" / "nodes" / "pve-lab" / "lxc" / f"{vmid}.conf").exists():
+            subprocess.run([FLEET_PCT, "destroy", str(vmid), "--force", "1"], capture_output=True, timeout=300,
                            check=False)  # fmt: skip
-        shutil.rmtree(MOLECULE_ROOT / "gpu" / str(vmid), ignore_errors=True)
+        shutil.rmtree(FLEET_ROOT / "gpu" / str(vmid), ignore_errors=True)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.parents[2].name)
-def test_molecule_scenario(molecule_lab, scenario: Path, tmp_path):
+def test_molecule_scenario(fleet_lab, scenario: Path, tmp_path):
     role_dir = scenario.parents[2]
     molecule = Path(sys.executable).parent / "molecule"
     env = ansible_env(ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0")
@@ -60,12 +60,12 @@ def test_molecule_scenario(molecule_lab, scenario: Path, tmp_path):
         # Molecule's state of this run only: a state left by an earlier run (a scenario that keeps its container for
         # the next one) would make molecule skip create and prepare for a container the lab no longer has.
         MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"),
-        EAGLE3_LAB_STATE_DIR=str(MOLECULE_STATE),
-        EAGLE3_LAB_SSH_PORT=str(MOLECULE_PORT),
-        EAGLE3_LAB_API_PORT=str(MOLECULE_API_PORT),
-        EAGLE3_LAB_ROOT=str(MOLECULE_ROOT),
-        EAGLE3_LAB_LXC_PATH=str(MOLECULE_LXC_PATH),
-        EAGLE3_LAB_PCT=MOLECULE_PCT,
+        EAGLE3_LAB_STATE_DIR=str(FLEET_STATE),
+        EAGLE3_LAB_SSH_PORT=str(FLEET_PORT),
+        EAGLE3_LAB_API_PORT=str(FLEET_API_PORT),
+        EAGLE3_LAB_ROOT=str(FLEET_ROOT),
+        EAGLE3_LAB_LXC_PATH=str(FLEET_LXC_PATH),
+        EAGLE3_LAB_PCT=FLEET_PCT,
     )
     base_configs = ["-c", str(ROOT / ".config" / "molecule" / "config.yml"),
                     "-c", str(ROOT / "tests" / "molecule" / "test-lab.yml")]

@@ -44,6 +44,16 @@ def test_pct_list_over_the_hop_shows_the_containers(lab):
     assert rows["130"] == ["running", "server"]
 
 
+def test_a_command_over_the_hop_runs_in_the_nodes_environment_not_the_lab_hosts_shell_startup(lab):
+    # sshd starts `bash -c` for each command, and bash would read the lab host root's ~/.bashrc first (on this
+    # machine a pyenv init that puts its shims before everything on PATH). The hop's sshd sets the shell level so
+    # that it does not: the PATH a task sees is exactly the node's.
+    node_path = f"{os.path.dirname(PCT)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    proc = hop('printf "%s\\n%s" "$PATH" "$SHLVL"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().splitlines() == [node_path, "2"]
+
+
 def test_nvidia_smi_over_the_hop_prints_four_rows(lab):
     proc = hop(
         PCT, "exec", "129", "--", "nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"

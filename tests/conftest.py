@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -74,16 +72,6 @@ init_collection_loader()
 USER_LAB_ROOT = Path("/var/lib/eagle3-lab")
 
 
-@contextlib.contextmanager
-def lab_build_lock() -> Iterator[None]:
-    """One lab.yml at a time on this machine: the test command runs the one-node test lab and the fleet tests' lab
-    in two workers, and their builds share the host's packages, template cache and wheelhouse."""
-    with open("/run/lock/eagle3-ops-tests-lab.lock" if os.path.isdir("/run/lock") else "/tmp/eagle3-ops-tests-lab.lock",
-              "w") as fh:  # fmt: skip
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
 def ansible_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -101,18 +89,15 @@ def ansible_env(**extra: str) -> dict[str, str]:
 
 def run_playbook(
     playbook: str | Path, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: int = 1200,
-    build_lock: bool | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """ansible-playbook from the repository root, as a user runs it; JSON-lines-free plain output. lab.yml waits for
-    the other lab's build (lab_build_lock) unless build_lock=False: a run that only restarts a lab's own hop shares
-    nothing with the other's build."""
+    """ansible-playbook from the repository root, as a user runs it; JSON-lines-free plain output. The one-node lab
+    and the fleet's lab are built at once in two workers, as two users' labs may be: lab_host serialises the writers
+    of what they share (the template, the wheelhouse, dpkg)."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), str(playbook), *args]
     started = time.monotonic()
-    locked = Path(playbook).name == "lab.yml" if build_lock is None else build_lock
-    with lab_build_lock() if locked else contextlib.nullcontext():
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout, check=False
-        )
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
     keep = os.environ.get("EAGLE3_TEST_PLAYBOOK_LOG")  # a file: every playbook's command, time and output
     if keep:
         with open(keep, "a", encoding="utf-8") as log:
@@ -332,8 +317,8 @@ def _lab_used(item: pytest.Item) -> str | None:
 def _order(item: pytest.Item) -> tuple[int, bool]:
     """The one-node lab's tests first (its lab_teardown tests last of them); then, with three workers or more, the
     fleet lab's, which the second worker starts at once (its tests are the longest chain), and SGLang's judging in the
-    third; with two, SGLang's judging before the fleet's, which the second worker runs while the one-node lab comes up
-    (the labs' builds take turns); then the rest, which a worker takes once its lab's tests are done. Every worker
+    third; with two, SGLang's judging before the fleet's, which the second worker runs while the one-node lab comes up;
+    then the rest, which a worker takes once its lab's tests are done. Every worker
     sorts alike (pytest-xdist runs only when they collect the same order): each reads the one worker count."""
     group = lab_group(item.path)
     fleet_first = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= 3

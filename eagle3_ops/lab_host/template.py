@@ -19,6 +19,7 @@ Both print one JSON object. Exit codes: 0 ok, 3 the cached template is missing o
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -278,13 +279,22 @@ def main(argv: list[str] | None = None) -> int:
         result = check_template(args.template, packages)
         print(json.dumps(result))
         return 0 if result["ok"] else 3
-    removed = remove_stale_stages(args.template)
-    try:
-        result = build_template(args.template, packages, args.release, args.mirror)
-    except TemplateError as exc:
-        print(json.dumps({"ok": False, "template": str(args.template), "msg": str(exc)}))
-        print(f"template build failed: {exc}", file=sys.stderr)
-        return 1
+    args.template.parent.mkdir(parents=True, exist_ok=True)
+    # One builder of a template at a time on this machine (two labs built at once share the cache): the second waits
+    # for the first and keeps what it published, instead of a second debootstrap of the same tar.
+    with open(args.template.with_name(f".{args.template.name}.lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        ready = check_template(args.template, packages)
+        if ready["ok"]:
+            print(json.dumps({**ready, "built_by_another": True}))
+            return 0
+        removed = remove_stale_stages(args.template)
+        try:
+            result = build_template(args.template, packages, args.release, args.mirror)
+        except TemplateError as exc:
+            print(json.dumps({"ok": False, "template": str(args.template), "msg": str(exc)}))
+            print(f"template build failed: {exc}", file=sys.stderr)
+            return 1
     result["removed_stale"] = removed
     print(json.dumps(result))
     return 0

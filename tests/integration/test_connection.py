@@ -78,7 +78,7 @@ def test_hypervisor_sshd_down_is_unreachable_naming_it(lab):
         # No ControlPersist master: an earlier test's master would still carry sessions.
         proc = run_playbook(PLAYBOOKS / "ping.yml", "-e", "ansible_ssh_extra_args='-o ControlPath=none'", check=False)
     finally:
-        run_playbook("lab.yml", "--tags", "lab_host_sshd", build_lock=False)  # this lab's hop only
+        run_playbook("lab.yml", "--tags", "lab_host_sshd")  # this lab's hop only
     assert recap(proc.stdout)["ct130"]["unreachable"] == 1
     assert f"Cannot reach the hypervisor of CT 130 on node pve-lab (hypervisor 127.0.0.1:{LAB_PORT})" in proc.stdout
     assert "Connection refused" in proc.stdout

@@ -311,8 +311,8 @@ def test_a_wheel_that_cannot_be_downloaded_is_named_and_nothing_is_stamped(tmp_p
     proc = run_playbook("lab.yml", "--tags", "lab_host_wheelhouse", "-e",
                         f'{{"lab_host_wheelhouse": "{wheelhouse}", "lab_host_share": "{tmp_path / "share"}", '
                         '"lab_host_wheelhouse_requirements": [], '
-                        '"lab_host_wheelhouse_packages": ["eagle3-ops-no-such-package==9.9"]}', check=False,
-                        build_lock=False)  # a wheelhouse of its own: nothing the other lab's build uses  # fmt: skip
+                        '"lab_host_wheelhouse_packages": ["eagle3-ops-no-such-package==9.9"]}',
+                        check=False)  # fmt: skip
     assert proc.returncode != 0
     text = " ".join(proc.stdout.split())
     assert (f"Downloading the containers' wheels into {wheelhouse} failed (ERROR: No matching distribution found for "

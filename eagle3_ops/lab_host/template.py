@@ -280,10 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0 if result["ok"] else 3
     args.template.parent.mkdir(parents=True, exist_ok=True)
-    # One builder of a template at a time on this machine (two labs built at once share the cache): the second waits
-    # for the first and keeps what it published, instead of a second debootstrap of the same tar.
-    with open(args.template.with_name(f".{args.template.name}.lock"), "w", encoding="utf-8") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+    # One builder at a time in the template cache (two labs built at once share it): the second waits for the first
+    # and keeps what it published, instead of a second debootstrap of the same tar. The lock is the cache directory's
+    # own (flock on its descriptor), so no lock file is left beside the templates.
+    lock = os.open(args.template.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the descriptor closes, or the process dies
         ready = check_template(args.template, packages)
         if ready["ok"]:
             print(json.dumps({**ready, "built_by_another": True}))
@@ -295,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"ok": False, "template": str(args.template), "msg": str(exc)}))
             print(f"template build failed: {exc}", file=sys.stderr)
             return 1
+    finally:
+        os.close(lock)
     result["removed_stale"] = removed
     print(json.dumps(result))
     return 0

@@ -123,16 +123,17 @@ def test_stale_stages_of_dead_builders_are_removed_live_ones_kept(tmp_path):
 
 
 def test_a_build_waits_for_another_builder_of_the_template_and_keeps_what_it_published(tmp_path):
-    # Two labs built at once share the template cache: the second build waits on the lock beside the tar, then finds
-    # the first's template complete and keeps it, with no debootstrap of its own.
+    # Two labs built at once share the template cache: the second build waits on the cache directory's lock, then
+    # finds the first's template complete and keeps it, with no debootstrap of its own, and leaves no lock file.
     fake = tmp_path / "bin"
     fake.mkdir()
     ran = tmp_path / "debootstrap-ran"
     (fake / "debootstrap").write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
     (fake / "debootstrap").chmod(0o755)
     tar = tmp_path / "t.tar"
-    with open(tmp_path / ".t.tar.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another builder, mid-build
+    lock = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another builder, mid-build, holds the template cache
         proc = subprocess.Popen(
             [sys.executable, template.__file__, "build", str(tar), "--packages", "python3,procps"],
             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}"),
@@ -140,8 +141,11 @@ def test_a_build_waits_for_another_builder_of_the_template_and_keeps_what_it_pub
         time.sleep(1.0)
         assert proc.poll() is None  # waiting for the other builder
         _tar(tmp_path, STATUS.replace("deinstall ok config-files", "install ok installed"), python=True)
+    finally:
+        os.close(lock)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     result = json.loads(out)
     assert result["ok"] is True and result["built_by_another"] is True
     assert not ran.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "root", "t.tar"]

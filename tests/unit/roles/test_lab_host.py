@@ -44,7 +44,7 @@ def test_proxmox_ct_removes_every_undeclared_gpus_line_in_one_pass(gpus: list[in
     task = CT_TASK["ansible.builtin.lineinfile"]
     assert task["state"] == "absent" and "loop" not in CT_TASK
     env = jinja2.Environment(autoescape=True)
-    kept = env.from_string(CT_TASK["vars"]["_proxmox_ct_kept"]).render(
+    kept = env.compile_expression(CT_TASK["vars"]["_proxmox_ct_kept"].strip("{} "))(
         proxmox_ct_gpus=gpus, _proxmox_ct_gpu_method=method
     )
     regexp = env.from_string(task["regexp"]).render(_proxmox_ct_kept=kept)

@@ -8,9 +8,11 @@ On the lab after the main job (ansible-playbook lab.yml train.yml deploy.yml), i
   peer        the same playbooks with -e eagle3_force=true: every stage runs and finds its own work done - how a
               rerun behaved before the fingerprints;
   floor       a playbook of one ping per host on the same inventory: Ansible's start and one round trip;
-  switch      deploy.yml -e draft_tokens=B after A (and back), whole; its engine part is measured alone in the same
-              run: the server's unit restarted and waited for until /health answers, in one task - the rest of the
-              switch is Ansible's share.
+  switch      deploy.yml -e draft_tokens=B after A (and back), whole, and its engine part: the seconds from the
+              unit's restart to the first healthy /health answer, which the switch itself reports ("restarted and
+              healthy in N s", measured by eagle3.ops.sglang_service on the server). Ansible's share is each switch
+              less its own engine part. The engine's part is also measured alone, as a check: a playbook of one task
+              that restarts the unit and polls /health, less the floor.
 
 Prints medians of --runs runs and ratios. The served setting is left as it was found (A).
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -64,7 +67,8 @@ ENGINE = """- name: The engine's restart and health wait
 """
 
 
-def run(inventory: str, playbook: str | Path, *args: str) -> float:
+def run_out(inventory: str, playbook: str | Path, *args: str) -> tuple[float, str]:
+    """Seconds the playbook took, and its output (whitespace collapsed: the callback wraps long messages)."""
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
     t0 = time.monotonic()
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", inventory, str(playbook), *args], cwd=ROOT, env=env,
@@ -72,7 +76,24 @@ def run(inventory: str, playbook: str | Path, *args: str) -> float:
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
         sys.exit(f"{playbook} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
-    return seconds
+    return seconds, " ".join(proc.stdout.split())
+
+
+def run(inventory: str, playbook: str | Path, *args: str) -> float:
+    return run_out(inventory, playbook, *args)[0]
+
+
+def switch(inventory: str, setting: int) -> tuple[float, float]:
+    """One switch: its seconds and its engine part (the restart to the first healthy answer, as the switch reports
+    it; a switch that restarted more than one server counts the longest)."""
+    seconds, out = run_out(inventory, "deploy.yml", "-e", f"draft_tokens={setting}")
+    healthy = [float(x) for x in HEALTHY.findall(out)]
+    if not healthy:
+        sys.exit(f"deploy.yml -e draft_tokens={setting} did not say when the server was healthy:\n{out[-3000:]}")
+    return seconds, max(healthy)
+
+
+HEALTHY = re.compile(r"restarted and healthy in ([\d.]+) s")
 
 
 def median(inventory: str, runs: int, playbook: str | Path, *args: str) -> float:
@@ -102,10 +123,11 @@ def main() -> int:
             forced = median(inv, args.runs, name, *extra, "-e", "eagle3_force=true")
             floor = median(inv, args.runs, floor_pb, "-e", f"target={group}")
             rows.append((name, converged, forced, floor))
-        switches, engine = [], []
+        switches: list[tuple[float, float]] = []
+        engine = []
         for _ in range(args.runs):
-            switches.append(run(inv, "deploy.yml", "-e", f"draft_tokens={second}"))
-            switches.append(run(inv, "deploy.yml", "-e", f"draft_tokens={first}"))
+            switches.append(switch(inv, second))
+            switches.append(switch(inv, first))
             engine.append(run(inv, engine_pb))
         floor = median(inv, args.runs, floor_pb, "-e", "target=servers")
     print(f"converged reruns ({inv}, medians of {args.runs}; 2 cores)")
@@ -114,14 +136,19 @@ def main() -> int:
     for name, converged, forced, floor_s in rows:
         print(f"{name:<12} {converged:12.1f} {forced:16.1f} {floor_s:8.1f} {forced / converged:15.1f} "
               f"{converged / floor_s:16.1f}")  # fmt: skip
-    switch, engine_s = statistics.median(switches), statistics.median(engine)
-    engine_part = engine_s - floor  # the restart and health wait, without Ansible's start and round trip
-    print(f"\nswitch draft_tokens {first} <-> {second} (median of {len(switches)} switches)")
-    print(f"  whole switch          {switch:6.1f} s")
-    print(f"  engine restart+health {engine_part:6.1f} s  (one task restarting the unit and polling /health: "
-          f"{engine_s:.1f} s, less the floor {floor:.1f} s)")  # fmt: skip
-    share = switch - engine_part
-    print(f"  Ansible's share       {share:6.1f} s  ({share / switch:.0%} of the switch)")
+    whole = statistics.median(s for s, _ in switches)
+    in_switch = statistics.median(e for _, e in switches)
+    share = statistics.median(s - e for s, e in switches)  # each switch less its own engine part
+    engine_s = statistics.median(engine)
+    engine_alone = engine_s - floor  # the restart and health wait, without Ansible's start and round trip
+    print(f"\nswitch draft_tokens {first} <-> {second} (medians of {len(switches)} switches)")
+    print(f"  whole switch          {whole:6.1f} s")
+    print(f"  engine restart+health {in_switch:6.1f} s  (in each switch, from the unit's restart to the first healthy "
+          "answer, as the switch reports it)")  # fmt: skip
+    print(f"  Ansible's share       {share:6.1f} s  ({share / whole:.0%} of the switch; each switch less its own "
+          "engine part)")  # fmt: skip
+    print(f"  check: the engine alone {engine_alone:4.1f} s  (one task restarting the unit and polling /health: "
+          f"{engine_s:.1f} s, less the floor {floor:.1f} s); the whole switch less it: {whole - engine_alone:.1f} s")
     return 0
 
 

@@ -129,6 +129,10 @@ def test_a_setting_switch_goes_from_the_gpus_to_the_judge_and_the_service(deploy
                  "Read the draft's config"):
         assert f"{step}] * skipping" in starred, (step, starred[-3000:])
     assert server_info()["speculative_num_draft_tokens"] == 10
+    # The report names the engine's own part of the switch (benchmarks/bench_rerun.py reads it): the restart to the
+    # first healthy answer, as the service's call measured it on the server.
+    healthy = re.search(r"at 10 draft tokens \(chain\), accept length [\d.]+; restarted and healthy in ([\d.]+) s", out)
+    assert healthy and 0 < float(healthy.group(1)) < 600, out[-3000:]
     # Without a router the service's own call kept the fingerprint: the same setting again finds nothing to do.
     assert "Keep the fingerprint of this complete run: deploy" not in out
     again = run_playbook(ROOT / "deploy.yml", "-e", "draft_tokens=10", timeout=300)

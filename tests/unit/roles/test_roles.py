@@ -86,3 +86,36 @@ def test_the_wiring_is_checked_once_per_run_not_in_every_play():
         first = next(p for p in plays if p.get("pre_tasks"))
         task = first["pre_tasks"][0]["ansible.builtin.import_role"]
         assert task["tasks_from"] == "inventory" and task.get("rolespec_validate", True) is True, name
+
+
+STAGE_COMPLETE_PLAY = """- name: Whether a fingerprint may be kept after this run
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  roles:
+    - role: eagle3.ops.eagle3_common
+  tasks:
+    - name: Say it
+      ansible.builtin.debug:
+        msg: "stage complete: {{ eagle3_common_stage_complete | bool }}"
+      vars:
+        eagle3_common_stamp_whole_tags: [runtime, data, train]
+      tags: [always]
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "complete"),
+    [((), True), (("--tags", "data"), True), (("--tags", "train,judge"), True), (("--tags", "all"), True),
+     (("--tags", "judge"), False), (("--tags", "data", "--skip-tags", "export"), False),
+     (("--skip-tags", "judge"), False), (("--check",), False), (("--tags", "runtime", "--check"), False)],
+)  # fmt: skip
+def test_a_fingerprint_is_kept_only_after_a_run_that_ran_its_stage_whole(tmp_path, args, complete):
+    """stamp_record.yml's condition, as Ansible evaluates it: an untagged run, or a tag that selects the stage whole
+    (a runtime's roles carry every tag of eagle3_common_stamp_whole_tags) with nothing skipped; never check mode."""
+    from tests.conftest import run_playbook
+
+    play = tmp_path / "play.yml"
+    play.write_text(STAGE_COMPLETE_PLAY)
+    proc = run_playbook(play, "-i", "localhost,", *args, timeout=120)
+    assert f"stage complete: {complete}" in proc.stdout, proc.stdout[-2000:]

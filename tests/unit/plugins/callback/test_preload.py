@@ -25,6 +25,7 @@ PCT = "ansible_collections.eagle3.ops.plugins.connection.pct"  # the name the lo
 before = C.config.has_configuration_definition("connection", PCT)
 from ansible_collections.eagle3.ops.plugins.plugin_utils import _collection
 digest_before = list(_collection._digest)
+from ansible._internal._templating._jinja_bits import AnsibleEnvironment
 cb = callback_loader.get("eagle3.ops.preload")
 cb.set_options()
 kept = list(_collection._digest)
@@ -32,7 +33,9 @@ _collection._digest.clear()  # computed again from the files
 print(json.dumps({"enabled": list(C.CALLBACKS_ENABLED), "before": before, "loaded": cb.loaded,
                   "digest_before": digest_before, "digest": kept, "reported": cb.digest,
                   "fresh": _collection.collection_digest(),
-                  "after": C.config.has_configuration_definition("connection", PCT)}))
+                  "after": C.config.has_configuration_definition("connection", PCT),
+                  "template_cache": cb.template_cache, "local_tmp": str(C.DEFAULT_LOCAL_TMP),
+                  "compile": AnsibleEnvironment.compile.__module__}))
 """
 
 
@@ -52,6 +55,14 @@ def test_the_project_enables_it_and_it_loads_the_connection_definitions():
     assert got["loaded"] == ["eagle3.ops.pct", "ansible.builtin.ssh", "ansible.builtin.local"]
     # The digest kept for the forks is the collection's (the same when computed again from the files)
     assert got["digest_before"] == [] and got["digest"] == [got["reported"]] == [got["fresh"]]
+    # Templates are shared by the run's forks, in a directory inside Ansible's own per-run one (removed at its end)
+    assert got["template_cache"] == os.path.join(got["local_tmp"], "eagle3-templates")
+    assert got["compile"].endswith("plugin_utils._template_cache")
+
+
+def test_the_template_cache_can_be_turned_off():
+    got = _check(EAGLE3_PRELOAD_TEMPLATE_CACHE="false")
+    assert got["template_cache"] is None and got["compile"] == "jinja2.environment"
 
 
 def test_a_plugin_that_does_not_load_is_left_to_its_task():

@@ -122,14 +122,6 @@ def install(directory: str | None = None) -> str | None:
     return directory
 
 
-def uninstall() -> None:
-    """Compile as ansible-core does (tests)."""
-    if _state["original"] is not None:
-        AnsibleEnvironment.compile = _state["original"]  # type: ignore[method-assign]
-    _state.update(dir=None, original=None, hits=0, misses=0)
-    _memo.clear()
-
-
 def stats() -> dict[str, int]:
     """Compiles loaded (from this process's memory or the run's directory) and compiled, in this process."""
     return {"hits": int(_state["hits"]), "misses": int(_state["misses"])}

@@ -7,13 +7,9 @@ worker may have loaded the connection plugin already."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[4]
+from tests.unit.plugins.callback.fresh import run_fresh
 
 CHECK = """
 import json
@@ -40,11 +36,7 @@ print(json.dumps({"enabled": list(C.CALLBACKS_ENABLED), "before": before, "loade
 
 
 def _check(**env: str) -> dict:
-    environ = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONPATH": str(ROOT), **env}
-    environ.pop("EAGLE3_TEST_COLLECTIONS", None)
-    out = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=environ, capture_output=True, text=True,
-                         check=True, timeout=120)  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh(CHECK, **env)
 
 
 def test_the_project_enables_it_and_it_loads_the_connection_definitions():

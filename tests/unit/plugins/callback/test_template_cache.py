@@ -6,13 +6,9 @@ Each check runs in a fresh Python, as test_preload.py's do: the cache patches th
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[4]
+from tests.unit.plugins.callback.fresh import run_fresh
 
 CHECK = r"""
 import json, os, sys
@@ -72,11 +68,7 @@ print(json.dumps({"without": without, "first": first, "after_first": after_first
 
 
 def _check(tmp_path: Path) -> dict:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONPATH": str(ROOT)}
-    env.pop("EAGLE3_TEST_COLLECTIONS", None)
-    out = subprocess.run([sys.executable, "-c", CHECK, str(tmp_path / "templates")], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh(CHECK, str(tmp_path / "templates"))
 
 
 def test_a_fork_loads_what_another_compiled_and_renders_what_ansible_renders(tmp_path):

@@ -67,6 +67,10 @@ ENGINE = """- name: The engine's restart and health wait
 """
 
 
+# What a switch says of its engine part (roles/sglang_serve/vars/main.yml, _sglang_serve_served).
+HEALTHY = re.compile(r"restarted and healthy in ([\d.]+) s")
+
+
 def run_out(inventory: str, playbook: str | Path, *args: str) -> tuple[float, str]:
     """Seconds the playbook took, and its output (whitespace collapsed: the callback wraps long messages)."""
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
@@ -91,9 +95,6 @@ def switch(inventory: str, setting: int) -> tuple[float, float]:
     if not healthy:
         sys.exit(f"deploy.yml -e draft_tokens={setting} did not say when the server was healthy:\n{out[-3000:]}")
     return seconds, max(healthy)
-
-
-HEALTHY = re.compile(r"restarted and healthy in ([\d.]+) s")
 
 
 def median(inventory: str, runs: int, playbook: str | Path, *args: str) -> float:

@@ -36,6 +36,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 python=${PYTHON:-python3}
+# pip itself is pinned too (Python 3.11's ensurepip brings 23.2; a newer pip changes how builds are isolated).
+pip_release=26.3
 # PyTorch's CPU index: PyPI has only torch's CUDA build (several GB with its nvidia-* wheels), the CPU build is there
 # (a copy in pip's find-links is taken as well). Asked for torch alone: pip retries an index it cannot reach for every
 # package it looks up. EAGLE3_TORCH_INDEX= (empty) asks PyPI and pip's own configuration only.
@@ -51,7 +53,7 @@ sglang_env() {
     "$python" -m venv .venv-sglang
   fi
   if ! cmp -s "$lock" .venv-sglang/.installed-lock; then
-    .venv-sglang/bin/python -m pip install -q --upgrade pip
+    .venv-sglang/bin/python -m pip install -q "pip==$pip_release"
     # torch's dependencies are in the lock (installed below without resolving)
     .venv-sglang/bin/python -m pip install -q --no-deps ${torch_index:+--extra-index-url "$torch_index"} \
       "$(sed -n 's/^sglang_runtime_torch: //p' roles/sglang_runtime/defaults/main.yml)"
@@ -82,8 +84,9 @@ router_pid=$!
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python -m pip install -q "pip==$pip_release"
+# The project and its tools under the frozen releases CI passed with (the file says how to regenerate it).
+.venv/bin/python -m pip install -q -c scripts/requirements-dev.lock -e '.[dev]'
 # This checkout is the collection eagle3.ops: ansible.cfg's collections_path starts at .venv, where this link
 # makes eagle3.ops.* resolve to the working tree (edits apply at once, no reinstall).
 mkdir -p .venv/ansible_collections/eagle3

@@ -24,7 +24,7 @@ _SECRET = re.compile(r"(?i).*(password|passphrase|secret|api_?key|private_key)")
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset({"stage", "state", "dir", "vars", "exclude_vars", "controller_files", "controller",
-                             "paths", "contents", "units", "urls", "router", "timeout", "reads"})  # fmt: skip
+                             "paths", "contents", "units", "urls", "router", "timeout", "reads", "probes"})  # fmt: skip
 
     def _var_digests(self, task_vars: dict[str, Any], patterns: list[str], exclude: list[str]) -> dict[str, str]:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import time
@@ -37,6 +38,10 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
                                            "worker": {"type": "str", "required": True}}},
     "timeout": {"type": "float", "default": 5},
     "reads": {"type": "dict", "default": {}},
+    "probes": {"type": "list", "elements": "dict", "default": [],
+               "options": {"name": {"type": "str", "required": True},
+                           "argv": {"type": "list", "elements": "str", "required": True},
+                           "stdout": {"type": "str"}}},
 }  # fmt: skip
 
 # Seconds each of a check's reads may take (a read that does not end is reported as failed, never waited for).
@@ -153,6 +158,22 @@ def run_reads(reads: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {name: future.result() for name, future in futures.items()}
 
 
+def failed_probe(probes: list[dict[str, Any]]) -> str:
+    """The first of ``probes`` (liveness commands, run at once) that does not hold, as a reason; empty when all hold.
+    A probe holds when its command exits 0 and, where ``stdout`` is given, its output matches that expression."""
+    answers = run_reads({str(i): probe["argv"] for i, probe in enumerate(probes)})
+    for i, probe in enumerate(probes):
+        answer = answers[str(i)]
+        said = (answer["stderr"] or answer["stdout"]).strip().splitlines()
+        if answer["rc"] != 0:
+            why = f": {said[-1]}" if said else ""
+            return f"{probe['name']} does not hold ({probe['argv'][0]} exited {answer['rc']}{why})"
+        if probe.get("stdout") and not re.search(probe["stdout"], answer["stdout"], re.MULTILINE):
+            got = answer["stdout"].strip()[:80] or "nothing"
+            return f"{probe['name']} does not hold ({probe['argv'][0]} printed {got!r})"
+    return ""
+
+
 class StampError(Exception):
     pass
 
@@ -200,6 +221,10 @@ class StageStamp:
                 rc, out = 1, f"unknown ({exc})"
             if rc != 0:
                 return f"{unit} is {out.strip() or 'not active'}"
+        if self.p.get("probes"):
+            failed = failed_probe(self.p["probes"])
+            if failed:
+                return failed
         for url in self.p["urls"]:
             try:
                 self._get(url)
@@ -260,7 +285,8 @@ class StageStamp:
 
     def answer(self, out: dict[str, Any]) -> dict[str, Any]:
         """``out`` with what a record of this run needs (the check's inputs, read back by stamp_record.yml)."""
-        out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"])
+        out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"],
+                   dir=self.p["dir"])
         return out
 
 

@@ -16,8 +16,8 @@ description:
     stage reads (O(vars) names them by pattern), the contents of controller files (O(controller_files)) and the
     collection's own files; on the host every entry under O(paths) (type, size, mtime and inode, contents not
     read) and the contents of O(contents).
-  - Liveness is checked, not kept - O(units) active, O(urls) answering, the worker listed healthy by O(router);
-    a stage whose server died is not converged even if nothing else changed.
+  - Liveness is checked, not kept - O(units) active, O(probes) holding, O(urls) answering, the worker listed healthy
+    by O(router); a stage whose server died is not converged even if nothing else changed.
   - C(state=record) writes the fingerprint atomically (a temporary file renamed over the stamp), after the stage
     completed; C(state=check) changes nothing.
 version_added: "0.3.0"
@@ -107,6 +107,28 @@ options:
         that does not end within 30 s rc 124.
     type: dict
     default: {}
+  probes:
+    description:
+      - Liveness commands (no shell) that must hold for the stage to be converged, run at once on the host - a
+        daemon's C(pgrep --pidfile), a port's C(ss -ltn), a container's C(lxc-info -s) -, for what is neither a
+        systemd unit nor an HTTP endpoint. Checked, not kept, and only when the fingerprint matches.
+      - A probe holds when its command exits 0 and, where O(probes[].stdout) is given, prints a line that matches it.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: What the probe shows, for the reason (C(lab sshd of pve-lab runs)).
+        type: str
+        required: true
+      argv:
+        description: The command.
+        type: list
+        elements: str
+        required: true
+      stdout:
+        description: A regular expression (searched line by line) its output must match.
+        type: str
 attributes:
   check_mode:
     description: A check runs as usual; a record says whether it would change the stamp and writes nothing.
@@ -175,6 +197,10 @@ contents:
   returned: always
   type: list
   elements: str
+dir:
+  description: Where the stamp is kept (O(dir)), for the record of the same run.
+  returned: always
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
 import time
 
 import pytest
 
-from tests.conftest import PCT, hop, lab_workload, pct, recap, run_playbook, smi, stop_marked
+from tests.conftest import LAB_ROOT, PCT, hop, lab_workload, pct, recap, run_playbook, smi, stop_marked
 
 pytestmark = pytest.mark.lab
 
@@ -27,10 +28,30 @@ HOSTILE = [
 
 
 def test_second_up_changes_nothing(lab):
+    """A lab as its last complete build left it: one fingerprint check (eagle3.ops.stage_stamp), the build skipped."""
     proc = run_playbook("lab.yml")
     counts = recap(proc.stdout)["lab-host"]
     assert counts["changed"] == 0, proc.stdout[-4000:]
     assert counts["failed"] == 0
+    assert "lab on lab-host: nothing to do" in " ".join(proc.stdout.split()), proc.stdout[-4000:]
+
+
+def test_a_lab_whose_api_died_is_built_again_and_then_converged(lab):
+    """The fingerprint's probes: the lab's Proxmox API killed, the next lab.yml names it, runs the build (which starts
+    the API again) and keeps the fingerprint; the run after it has nothing to do."""
+    pidfile = str(LAB_ROOT / "pveapi" / "pveapi.pid")
+    subprocess.run(["pkill", "--pidfile", pidfile, "--full", "pveapi.py"], check=True)
+    deadline = time.monotonic() + 10
+    while subprocess.run(["pgrep", "--pidfile", pidfile, "--full", "pveapi.py"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the API did not stop"
+        time.sleep(0.1)
+    proc = run_playbook("lab.yml")
+    text = " ".join(proc.stdout.split())
+    assert "lab on lab-host: runs (the lab Proxmox API runs does not hold (pgrep exited 1))" in text, text[-4000:]
+    assert recap(proc.stdout)["lab-host"]["changed"] >= 1
+    assert subprocess.run(["pgrep", "--pidfile", pidfile, "--full", "pveapi.py"], capture_output=True).returncode == 0
+    again = run_playbook("lab.yml")
+    assert "lab on lab-host: nothing to do" in " ".join(again.stdout.split()), again.stdout[-4000:]
 
 
 def test_pct_list_over_the_hop_shows_the_containers(lab):

@@ -270,3 +270,34 @@ def test_the_reads_argv_are_the_roles_own():
     for role, text in (("gpu_facts", "nvidia_smi_query"), ("sglang_runtime", "sglang_release_query")):
         assert text in "".join(p.read_text() for p in (roles / role / "tasks").glob("*.yml")), role
     assert "nvidia_smi_query" in (roles / "sglang_serve" / "vars" / "main.yml").read_text()
+
+
+def test_a_probe_that_does_not_hold_keeps_the_stage_pending_and_names_itself(tmp_path, capsys):
+    """probes: liveness that is neither a unit nor a URL (a daemon's pid file, a port, a container's state), run on
+    a check whose fingerprint matches; each must exit 0 and, with stdout, print a line that matches."""
+    args = stage(tmp_path)
+    record(args, capsys)
+    flag = tmp_path / "alive"
+    flag.write_text("state: RUNNING\n")
+    probes = [{"name": "the daemon runs", "argv": ["test", "-e", str(flag)]},
+              {"name": "CT 129 runs", "argv": ["cat", str(flag)], "stdout": "^state: RUNNING$"}]  # fmt: skip
+    assert check(args, capsys, probes=probes)["converged"] is True
+    flag.write_text("state: STOPPED\n")
+    out = check(args, capsys, probes=probes)
+    assert out["converged"] is False and out["reason"] == "CT 129 runs does not hold (cat printed 'state: STOPPED')"
+    flag.unlink()
+    out = check(args, capsys, probes=probes)
+    assert out["converged"] is False and out["reason"] == "the daemon runs does not hold (test exited 1)"
+    out = check(args, capsys, probes=[{"name": "a tool", "argv": [str(tmp_path / "no-such-tool")]}])
+    assert out["reason"].startswith("a tool does not hold (") and "exited 127" in out["reason"]
+    # A fingerprint that changed says so; its probes are not what it waits for.
+    other = {**args, "controller": {**CONTROLLER, "var:draft_tokens": "d5"}}
+    assert check(other, capsys, probes=probes)["reason"] == "changed: draft_tokens"
+
+
+def test_the_stamp_directory_is_handed_to_the_record(tmp_path, capsys):
+    args = {**stage(tmp_path), "dir": str(tmp_path / "lab-root" / "stamps")}
+    out = check(args, capsys)
+    assert out["dir"] == args["dir"]
+    record({**args, "dir": out["dir"]}, capsys)
+    assert (tmp_path / "lab-root" / "stamps" / "deploy.json").is_file()

@@ -1,0 +1,60 @@
+# Copyright: eagle3-ops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters for the local lab (roles/lab_host): where a node's hop keeps its files, and what the lab's fingerprint
+(eagle3.ops.stage_stamp's stage "lab") looks at on the lab host - each container's files from the build, and the
+probes that say every daemon and container the build started still runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# What the build puts into each container (roles/lab_host/tasks/container.yml), relative to its root.
+CONTAINER_FILES = ("usr/local/lib/nvemu", "usr/bin/nvidia-smi", "usr/local/bin/lab-workload",
+                   "etc/systemd/system.conf.d/eagle3-lab.conf")  # fmt: skip
+
+
+def lab_sshd_dir(node: str, root: str, primary: str) -> str:
+    """The directory of a node's hop (sshd_config, host key, pid file): the first node keeps the one-node lab's."""
+    return f"{root}/sshd" if node == primary else f"{root}/sshd-{node}"
+
+
+def _daemon(name: str, pidfile: str, match: str, port: Any) -> list[dict[str, Any]]:
+    # The same test the build's daemon.yml makes before it starts one (pgrep on the pid file), and its port listening.
+    return [
+        {"name": f"{name} runs", "argv": ["pgrep", "--pidfile", pidfile, "--full", match]},
+        {"name": f"{name} listens on port {port}", "argv": ["ss", "-H", "-ltn", f"sport = :{port}"],
+         "stdout": "LISTEN"},
+    ]  # fmt: skip
+
+
+def lab_probes(nodes: Sequence[Sequence[Any]], root: str, primary: str, api_port: Any, vmids: Sequence[Any],
+               lxc_path: str, bridge: str = "") -> list[dict[str, Any]]:  # fmt: skip
+    """stage_stamp probes: every node's hop and the API run and listen, every container runs, the bridge is there
+    (``bridge`` empty: the lab has none)."""
+    probes: list[dict[str, Any]] = []
+    for node, port in nodes:
+        hop = lab_sshd_dir(str(node), root, primary)
+        probes += _daemon(f"the hop of {node} (lab sshd)", f"{hop}/sshd.pid", f"{hop}/sshd_config", port)
+    probes += _daemon("the lab Proxmox API", f"{root}/pveapi/pveapi.pid", "pveapi.py", api_port)
+    for vmid in vmids:
+        probes.append({"name": f"CT {vmid} runs", "stdout": "^RUNNING$",
+                       "argv": ["lxc-info", "-P", lxc_path, "-n", str(vmid), "-s", "-H"]})  # fmt: skip
+    if bridge:
+        probes.append({"name": f"the bridge {bridge} is there", "argv": ["ip", "-br", "link", "show", "dev", bridge]})
+    return probes
+
+
+def lab_container_paths(vmids: Sequence[Any], lxc_path: str) -> list[str]:
+    """Each container's config and the files the build put in it, as the lab host sees them: in the overlay's upper
+    directory (delta0) or, for a container with a rootfs of its own, there (the one that does not exist is absent)."""
+    out: list[str] = []
+    for vmid in vmids:
+        out.append(f"{lxc_path}/{vmid}/config")
+        out += [f"{lxc_path}/{vmid}/{top}/{name}" for top in ("delta0", "rootfs") for name in CONTAINER_FILES]
+    return out
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"lab_sshd_dir": lab_sshd_dir, "lab_probes": lab_probes, "lab_container_paths": lab_container_paths}

@@ -3,8 +3,8 @@
 
 On the lab after the main job (ansible-playbook lab.yml train.yml deploy.yml), in one run:
 
-  converged   train.yml and deploy.yml as they are: one fingerprint check per host (eagle3.ops.stage_stamp),
-              the stages themselves skipped as a whole;
+  converged   lab.yml, train.yml and deploy.yml as they are: one fingerprint check per host
+              (eagle3.ops.stage_stamp), the stages (the lab's build) skipped as a whole;
   peer        the same playbooks with -e eagle3_force=true: every stage runs and finds its own work done - how a
               rerun behaved before the fingerprints;
   floor       a playbook of one ping per host on the same inventory: Ansible's start and one round trip;
@@ -16,7 +16,7 @@ On the lab after the main job (ansible-playbook lab.yml train.yml deploy.yml), i
 
 Prints medians of --runs runs and ratios. The served setting is left as it was found (A).
 
-Usage: python benchmarks/bench_rerun.py [--runs 3] [-i inventory/lab] [--switch 16,10] [--skip-train]
+Usage: python benchmarks/bench_rerun.py [--runs 3] [-i inventory/lab] [--switch 16,10] [--skip-train] [--skip-lab]
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-i", "--inventory", default="inventory/lab")
     ap.add_argument("--switch", default="16,10", help="A,B: the setting served, and the one switched to and back")
-    ap.add_argument("--skip-train", action="store_true", help="deploy.yml only")
+    ap.add_argument("--skip-train", action="store_true", help="no train.yml")
+    ap.add_argument("--skip-lab", action="store_true", help="no lab.yml")
     args = ap.parse_args()
     first, second = (int(x) for x in args.switch.split(","))
     inv = args.inventory
@@ -119,6 +120,8 @@ def main() -> int:
         plays = [("deploy.yml", "servers", ("-e", f"draft_tokens={first}"))]
         if not args.skip_train:
             plays.insert(0, ("train.yml", "trainers", ()))
+        if not args.skip_lab:
+            plays.insert(0, ("lab.yml", "lab_hosts", ()))
         for name, group, extra in plays:
             run(inv, name, *extra)  # converged from here on (the first run may still keep its fingerprint)
             converged = median(inv, args.runs, name, *extra)

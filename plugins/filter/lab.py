@@ -46,13 +46,10 @@ def lab_probes(nodes: Sequence[Sequence[Any]], root: str, primary: str, api_port
 
 
 def lab_container_paths(vmids: Sequence[Any], lxc_path: str) -> list[str]:
-    """Each container's config and the files the build put in it, as the lab host sees them: in the overlay's upper
-    directory (delta0) or, for a container with a rootfs of its own, there (the one that does not exist is absent)."""
-    out: list[str] = []
-    for vmid in vmids:
-        out.append(f"{lxc_path}/{vmid}/config")
-        out += [f"{lxc_path}/{vmid}/{top}/{name}" for top in ("delta0", "rootfs") for name in CONTAINER_FILES]
-    return out
+    """The files the build put in each container, as the lab host sees them: in the overlay's upper directory
+    (delta0) or, for a container with a rootfs of its own, there (the one that does not exist is absent)."""
+    tops = ("delta0", "rootfs")
+    return [f"{lxc_path}/{vmid}/{top}/{name}" for vmid in vmids for top in tops for name in CONTAINER_FILES]
 
 
 class FilterModule:

@@ -166,7 +166,7 @@ def failed_probe(probes: list[dict[str, Any]]) -> str:
         answer = answers[str(i)]
         said = (answer["stderr"] or answer["stdout"]).strip().splitlines()
         if answer["rc"] != 0:
-            why = f": {said[-1]}" if said else ""
+            why = f": {said[0]}" if said else ""  # the first line: the error (pgrep adds a usage hint after)
             return f"{probe['name']} does not hold ({probe['argv'][0]} exited {answer['rc']}{why})"
         if probe.get("stdout") and not re.search(probe["stdout"], answer["stdout"], re.MULTILINE):
             got = answer["stdout"].strip()[:80] or "nothing"

@@ -57,6 +57,9 @@ def test_the_probes_hold_for_a_live_daemon_and_name_a_dead_one(tmp_path):
         proc.wait()
         sock.close()
     assert failed_probe(probes[:2]).startswith("the hop of pve-lab (lab sshd) runs does not hold (pgrep exited 1")
+    (hop / "sshd.pid").unlink()  # a daemon that stopped cleanly removes its pid file: pgrep's error, not its usage hint
+    assert failed_probe(probes[:1]) == ("the hop of pve-lab (lab sshd) runs does not hold "
+                                        "(pgrep exited 1: pgrep: pidfile not valid)")
     assert failed_probe(probes[1:2]) == (f"the hop of pve-lab (lab sshd) listens on port {port} does not hold "
                                          "(ss printed 'nothing')")
 

@@ -1,17 +1,39 @@
 # Copyright: eagle3-ops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters for the local lab (roles/lab_host): where a node's hop keeps its files, and what the lab's fingerprint
+"""Filters for the local lab (roles/lab_host): its containers as the inventory describes them, where a node's hop
+keeps its files, and what the lab's fingerprint
 (eagle3.ops.stage_stamp's stage "lab") looks at on the lab host - each container's files from the build, and the
 probes that say every daemon and container the build started still runs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # What the build puts into each container (roles/lab_host/tasks/container.yml), relative to its root.
 CONTAINER_FILES = ("usr/local/lib/nvemu", "usr/bin/nvidia-smi", "usr/local/bin/lab-workload",
                    "etc/systemd/system.conf.d/eagle3-lab.conf")  # fmt: skip
+
+
+def _number(value: Any) -> Any:
+    # A whole number as an int; anything else as given, for the role's preflight to name.
+    return int(value) if str(value).strip().isdigit() else value
+
+
+def lab_containers(hosts: Sequence[str], hostvars: Mapping[str, Any], primary: str) -> list[dict[str, Any]]:
+    """Each lab container as the build and the lab's fingerprint read it from the inventory: its host, VMID
+    (pct_vmid), node (pct_node, else the lab host's ``primary``), GPUs (lab_gpu_count, else 0), hostname (lab_hostname,
+    else ct<VMID>) and address on the lab's bridge (lab_ip, else '')."""
+    containers = []
+    for host in hosts:
+        found = hostvars[host]
+        vmid = found.get("pct_vmid")
+        containers.append({
+            "host": host, "vmid": None if vmid is None else _number(vmid),
+            "node": str(found.get("pct_node") or primary), "gpus": _number(found.get("lab_gpu_count", 0)),
+            "hostname": str(found.get("lab_hostname") or f"ct{vmid}"), "ip": str(found.get("lab_ip") or ""),
+        })  # fmt: skip
+    return containers
 
 
 def lab_sshd_dir(node: str, root: str, primary: str) -> str:
@@ -54,4 +76,5 @@ def lab_container_paths(vmids: Sequence[Any], lxc_path: str) -> list[str]:
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"lab_sshd_dir": lab_sshd_dir, "lab_probes": lab_probes, "lab_container_paths": lab_container_paths}
+        return {"lab_containers": lab_containers, "lab_sshd_dir": lab_sshd_dir, "lab_probes": lab_probes,
+                "lab_container_paths": lab_container_paths}  # fmt: skip

@@ -9,10 +9,30 @@ import subprocess
 import sys
 
 import pytest
-from ansible_collections.eagle3.ops.plugins.filter.lab import lab_container_paths, lab_probes, lab_sshd_dir
+from ansible_collections.eagle3.ops.plugins.filter.lab import (
+    lab_container_paths,
+    lab_containers,
+    lab_probes,
+    lab_sshd_dir,
+)
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import failed_probe
 
 from tests.modules import ROOT
+
+
+def test_a_container_takes_its_node_gpus_name_and_address_from_the_inventory_or_the_defaults():
+    hostvars = {
+        "trainer": {"pct_vmid": "129", "lab_gpu_count": 2, "pct_node": "pve-lab2", "lab_hostname": "trainer",
+                    "lab_ip": "10.203.0.10"},
+        "bare": {"pct_vmid": 131},
+        "typo": {"pct_vmid": "12x", "lab_gpu_count": "two"},
+    }  # fmt: skip
+    assert lab_containers(["trainer", "bare", "typo"], hostvars, "pve-lab") == [
+        {"host": "trainer", "vmid": 129, "node": "pve-lab2", "gpus": 2, "hostname": "trainer", "ip": "10.203.0.10"},
+        {"host": "bare", "vmid": 131, "node": "pve-lab", "gpus": 0, "hostname": "ct131", "ip": ""},
+        # Left as given for the role's preflight to name (it checks pct_vmid and lab_gpu_count first).
+        {"host": "typo", "vmid": "12x", "node": "pve-lab", "gpus": "two", "hostname": "ct12x", "ip": ""},
+    ]
 
 
 def test_each_node_has_its_own_hop_directory_and_the_first_keeps_the_one_node_labs():

@@ -85,6 +85,9 @@ notes:
   - The hypervisor user's login shell parses the command line, so it must be POSIX (sh, bash, dash, zsh).
   - C(meta reset_connection) stops the ControlPersist master of the hypervisor, which every container
     of that hypervisor shares.
+  - A hypervisor that is not reached is named with its container and node. When ssh gave no reason (the shared master
+    died with its node, and the command's ssh exited before it read anything), ssh is asked once more over a new
+    connection of its own, with the same options and no prompt, and what it says ends the message.
 """
 
 EXAMPLES = r"""
@@ -122,6 +125,9 @@ display = Display()
 
 # Bytes per read of a streamed fetch, and per piece of a transfer with a password (through ssh's _run).
 CHUNK = 1 << 20
+# ansible-core's ssh connection words a failed write of the pipelined module so, with ssh's stderr (if any) after
+# "ssh:": nothing follows when ssh exited before it read the module, e.g. when the master it shared was gone.
+_NO_CAUSE = re.compile(r"reached over (?:ssh:|SSH\.)\s*$")
 _PCT_MISSING = re.compile(rb"(^|\s|:)\S*pct: (command )?not found|pct: No such file or directory")
 
 
@@ -198,14 +204,37 @@ class Connection(SSHConnection):
             )
         return None
 
+    def _unreachable(self, exc: Exception) -> str:
+        """The sentence for a hypervisor that was not reached; when ssh said nothing why, ssh is asked once more."""
+        text = str(exc).rstrip()
+        if _NO_CAUSE.search(text):
+            text = f"{text} {self._ask_ssh()}"
+        return f"Cannot reach the hypervisor of {self._where()}: {text}"
+
+    def _ask_ssh(self) -> str:
+        """Why ssh cannot reach the hypervisor, from one new connection of its own (not the shared master, which may be
+        what died), with the play's options: host key checking and timeout as configured, no prompt."""
+        if self._uses_password():
+            return "(ssh gave no reason: run the play with -vvv to see ssh's own messages)"
+        argv = self._build_command(self.get_option("ssh_executable"), "ssh", self.host, "true")
+        argv = [argv[0], b"-o", b"ControlPath=none", b"-o", b"BatchMode=yes", *argv[1:]]  # ssh takes an option's first
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False,
+                                  timeout=int(self.get_option("timeout") or 10) + 20)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"(ssh gave no reason, and a new connection got no answer either: {exc})"
+        if proc.returncode == 0:
+            return ("(ssh gave no reason, and a new connection reaches the hypervisor: the connection broke during the "
+                    "task, e.g. the node's sshd or network went away and came back)")  # fmt: skip
+        lines = [line.strip() for line in to_text(proc.stderr, errors="surrogate_or_replace").splitlines()]
+        said = [line for line in lines if line] or [f"ssh exited {proc.returncode}"]
+        return f"(ssh gave no reason; a new connection says: {said[-1]})"
+
     def _run_checked(self, remote: str, in_data: bytes | None, sudoable: bool) -> tuple[int, bytes, bytes]:
         try:
             rc, out, err = super().exec_command(remote, in_data=in_data, sudoable=sudoable)
         except AnsibleConnectionFailure as exc:
-            explained = self._explain(255, to_bytes(str(exc)))
-            if explained:
-                raise AnsibleConnectionFailure(explained) from None
-            raise AnsibleConnectionFailure(f"Cannot reach the hypervisor of {self._where()}: {exc}") from None
+            raise AnsibleConnectionFailure(self._explain(255, to_bytes(str(exc))) or self._unreachable(exc)) from None
         if rc != 0:
             explained = self._explain(rc, err)
             if explained:
@@ -241,9 +270,7 @@ class Connection(SSHConnection):
         try:
             return method(*args, sudoable=False, **kwargs)
         except AnsibleConnectionFailure as exc:
-            explained = self._explain(255, to_bytes(str(exc)))
-            reason = explained or f"Cannot reach the hypervisor of {self._where()}: {exc}"
-            raise AnsibleConnectionFailure(reason) from None
+            raise AnsibleConnectionFailure(self._explain(255, to_bytes(str(exc))) or self._unreachable(exc)) from None
 
     @_ssh_retry
     def _stream_put(self, cmd: list[bytes], in_path: bytes, sudoable: bool = False) -> tuple[int, bytes, bytes]:

@@ -170,6 +170,42 @@ def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
     assert hop_of("pve-lab2", "pct list").returncode == 0
 
 
+def test_a_node_lost_while_its_holders_are_stopped_is_reported_unknown_not_untouched(fleet, job_marker):
+    """Node 2 dies (its hop and every session through it, as when it loses power) while ct134's real pass waits out
+    the grace of a worker that ignores SIGTERM: the stop may have run there, so the summary says so, with ssh's own
+    reason asked anew (the shared master died without one), and the other hosts finish."""
+    node_pct("pve-lab2", "exec", "134", "--", "env", f"EAGLE3_TEST_JOB={job_marker}", "lab-workload", "--gpus", "0",
+             "--mib", "1000", "--ignore-term-ranks", "0")  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "cleanup.yml", "-e", "gpu_cleanup_grace=8"]
+    play = subprocess.Popen(cmd, cwd=ROOT, env=fleet_env(), stdout=subprocess.PIPE, text=True)
+    assert play.stdout is not None
+    lines, killed = [], False
+    try:
+        for line in play.stdout:
+            lines.append(line)
+            if not killed and line.startswith("TASK [eagle3.ops.gpu_cleanup : Run gpu_cleanup (for real)]"):
+                time.sleep(2)  # the module runs in ct134, in its grace
+                hop = int((LAB_ROOT / "sshd-pve-lab2" / "sshd.pid").read_text().split()[0])
+                subprocess.run(["pkill", "-KILL", "--parent", str(hop)], check=False)
+                os.kill(hop, signal.SIGKILL)
+                killed = True
+        out = "".join(lines)
+        assert killed and play.wait(timeout=300) != 0, out[-4000:]
+        assert recap(out)["ct134"]["unreachable"] == 1 and recap(out)["ct131"]["failed"] == 0, out[-4000:]
+        assert re.search(r"ct134: UNKNOWN \(unreachable on node pve-lab2 while its [1-9]\d* holders were being "
+                         r"stopped, see above why\): run the cleanup again once it answers", flat(out)), out[-4000:]
+        assert f"a new connection says: ssh: connect to host 127.0.0.1 port {LAB_PORT + 1}: Connection refused" \
+            in flat(out), out[-4000:]  # fmt: skip
+        assert "ct131: holders=0" in out and "ct133: holders=0" in out
+    finally:
+        play.kill()
+        play.wait()
+        run_playbook("lab.yml", "--tags", "lab_host_sshd", env=fleet_env(), timeout=900)  # the hop comes back
+    # Whatever the lost pass did, a cleanup once the node answers leaves ct134 free.
+    again = run_playbook("cleanup.yml", env=fleet_env())
+    assert re.search(r"ct134: holders=\d+ .* survivors=0 ", flat(again.stdout)), again.stdout[-3000:]
+
+
 def test_the_inventory_plugin_finds_every_container_of_the_cluster_and_reaches_it(fleet, tmp_path):
     cfg = tmp_path / "fleet.proxmox_ct.yml"
     cfg.write_text(json.dumps({

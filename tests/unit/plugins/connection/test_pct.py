@@ -14,6 +14,7 @@ from tests.modules import ROOT
 
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 
+from ansible.errors import AnsibleConnectionFailure
 from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import connection_loader
 
@@ -208,3 +209,49 @@ def test_a_missing_remote_file_is_reported_and_no_partial_copy_is_left(flaky_hop
     with pytest.raises(AnsibleFileNotFound, match="No such file"):
         conn.fetch_file(str(tmp_path / "nowhere.bin"), str(out))
     assert not out.exists()
+
+
+# -- a hypervisor that is not reached is named with ssh's reason ---------------------------------------------------
+
+ANSWERING_SSH = """#!/bin/sh
+# A stand-in for ssh: records its arguments, then answers as FAKE_SSH_ANSWER says (refused, or reached).
+printf '%s\\n' "$@" > "$FAKE_SSH_STATE/argv"
+if [ "$FAKE_SSH_ANSWER" = refused ]; then
+  echo "ssh: connect to host pve1.example.org port 22: Connection refused" >&2
+  exit 255
+fi
+exit 0
+"""
+SILENT = 'Data could not be sent to remote host "pve1.example.org". Make sure this host can be reached over ssh: '
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [("refused", "a new connection says: ssh: connect to host pve1.example.org port 22: Connection refused"),
+     ("reached", "a new connection reaches the hypervisor: the connection broke during the task")],
+)  # fmt: skip
+def test_an_unreachable_hypervisor_without_a_reason_is_asked_again_without_the_shared_master(
+    tmp_path, monkeypatch, answer, says
+):
+    ssh = tmp_path / "ssh"
+    ssh.write_text(ANSWERING_SSH)
+    ssh.chmod(0o755)
+    monkeypatch.setenv("FAKE_SSH_STATE", str(tmp_path))
+    monkeypatch.setenv("FAKE_SSH_ANSWER", answer)
+    conn = make(node="pve1", ssh_executable=str(ssh), control_path_dir=str(tmp_path / "cp"))
+    conn.host = "pve1.example.org"
+    text = conn._unreachable(AnsibleConnectionFailure(SILENT))
+    assert text.startswith("Cannot reach the hypervisor of CT 129 on node pve1 (hypervisor pve1.example.org")
+    assert says in text, text
+    argv = (tmp_path / "argv").read_text().splitlines()
+    # Its own connection (the master may be what died), no prompt, host key checking as the play has it.
+    assert argv[:4] == ["-o", "ControlPath=none", "-o", "BatchMode=yes"] and argv[-1] == "true", argv
+
+
+def test_an_unreachable_hypervisor_with_ssh_s_reason_is_not_asked_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SSH_STATE", str(tmp_path))
+    conn = make(node="pve1", ssh_executable=str(tmp_path / "no-ssh-here"))
+    conn.host = "pve1.example.org"
+    reason = SILENT + "ssh: connect to host pve1.example.org port 22: No route to host"
+    assert conn._unreachable(AnsibleConnectionFailure(reason)).endswith(": No route to host")
+    assert not (tmp_path / "argv").exists()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -129,6 +130,7 @@ def main() -> int:
         for v in VMIDS:
             subprocess.run(["pct", "destroy", str(v), "--force", "1"], capture_output=True, check=False)
             subprocess.run(["rm", "-rf", f"/var/lib/eagle3-lab/gpu/{v}"], check=False)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -241,16 +241,18 @@ def main() -> int:
             names = list(nodes)
             for i, vmid in enumerate(vmids):
                 hop(nodes, state, names[i % len(names)], f"pct destroy {shlex.quote(str(vmid))} --force 1", check=False)
+        shutil.rmtree(work, ignore_errors=True)  # its inventories, the peer's HOME with the lab's host keys
     base_status, base_cleanup = rows[0][1], rows[0][2]
     print(f"\nfleet-wide runs over K idle containers on {len(nodes)} nodes (medians of {args.runs}; "
           f"{os.cpu_count()} cores)")  # fmt: skip
     print(f"{'K':>3} {'status s':>9} {'x K=1':>6} {'s/added':>8} {'cleanup s':>10} {'x K=1':>6} {'s/added':>8} "
-          f"{'peer status s':>14} {'floor s':>8} {'status/floor':>13}")  # fmt: skip
+          f"{'peer status s':>14} {'floor s':>8} {'status/floor':>13} {'cleanup/floor':>14}")  # fmt: skip
     for k, status, cleanup, peer, low in rows:
         added = max(k - 1, 1)
         print(f"{k:>3} {status:>9.1f} {status / base_status:>6.2f} {(status - base_status) / added:>8.2f} "
               f"{cleanup:>10.1f} {cleanup / base_cleanup:>6.2f} {(cleanup - base_cleanup) / added:>8.2f} "
-              f"{'-' if peer is None else f'{peer:.1f}':>14} {low:>8.2f} {status / low:>13.1f}")  # fmt: skip
+              f"{'-' if peer is None else f'{peer:.1f}':>14} {low:>8.2f} {status / low:>13.2f} "
+              f"{cleanup / low:>14.2f}")  # fmt: skip
     if deploy_rows:
         first = f"; the first deploy of {first_deploy[0]} at once took {first_deploy[1]:.1f} s" if first_deploy else ""
         print(f"\nconverged deploy.yml over K deployed servers (medians of {args.runs}; each run's recap changed=0)"

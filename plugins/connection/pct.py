@@ -125,9 +125,10 @@ display = Display()
 
 # Bytes per read of a streamed fetch, and per piece of a transfer with a password (through ssh's _run).
 CHUNK = 1 << 20
-# ansible-core's ssh connection words a failed write of the pipelined module so, with ssh's stderr (if any) after
-# "ssh:": nothing follows when ssh exited before it read the module, e.g. when the master it shared was gone.
-_NO_CAUSE = re.compile(r"reached over (?:ssh:|SSH\.)\s*$")
+# ansible-core's ssh connection words a failed write of the pipelined module so, with ssh's stderr after "ssh:" and
+# the write's own error after "SSH:" (ansible-core's message then names its cause): no reason of ssh's when ssh exited
+# before it read the module, e.g. when the master it shared was gone, or it refused the host key at once.
+_NO_CAUSE = re.compile(r"reached over (?:ssh:|SSH[.:])\s*(?:\[Errno \d+\][^\n]*)?$")
 _PCT_MISSING = re.compile(rb"(^|\s|:)\S*pct: (command )?not found|pct: No such file or directory")
 
 
@@ -205,7 +206,11 @@ class Connection(SSHConnection):
         return None
 
     def _unreachable(self, exc: Exception) -> str:
-        """The sentence for a hypervisor that was not reached; when ssh said nothing why, ssh is asked once more."""
+        """The sentence for a hypervisor command whose connection failed: pct's or sudo's own failure explained, else
+        the hypervisor named as not reached (when ssh said nothing why, ssh is asked once more)."""
+        explained = self._explain(255, to_bytes(str(exc)))
+        if explained:
+            return explained
         text = str(exc).rstrip()
         if _NO_CAUSE.search(text):
             text = f"{text} {self._ask_ssh()}"
@@ -234,7 +239,7 @@ class Connection(SSHConnection):
         try:
             rc, out, err = super().exec_command(remote, in_data=in_data, sudoable=sudoable)
         except AnsibleConnectionFailure as exc:
-            raise AnsibleConnectionFailure(self._explain(255, to_bytes(str(exc))) or self._unreachable(exc)) from None
+            raise AnsibleConnectionFailure(self._unreachable(exc)) from None
         if rc != 0:
             explained = self._explain(rc, err)
             if explained:
@@ -270,7 +275,7 @@ class Connection(SSHConnection):
         try:
             return method(*args, sudoable=False, **kwargs)
         except AnsibleConnectionFailure as exc:
-            raise AnsibleConnectionFailure(self._explain(255, to_bytes(str(exc))) or self._unreachable(exc)) from None
+            raise AnsibleConnectionFailure(self._unreachable(exc)) from None
 
     @_ssh_retry
     def _stream_put(self, cmd: list[bytes], in_path: bytes, sudoable: bool = False) -> tuple[int, bytes, bytes]:

@@ -225,13 +225,19 @@ exit 0
 SILENT = 'Data could not be sent to remote host "pve1.example.org". Make sure this host can be reached over ssh: '
 
 
+# ansible-core's words when ssh exited before the module was written, with the write's error (SILENT: empty stderr).
+BROKEN_WRITE = ("Data could not be sent to remote host '127.0.0.1'. Make sure this host can be reached over SSH: "
+                "[Errno 32] Broken pipe")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("answer", "says"),
     [("refused", "a new connection says: ssh: connect to host pve1.example.org port 22: Connection refused"),
      ("reached", "a new connection reaches the hypervisor: the connection broke during the task")],
 )  # fmt: skip
+@pytest.mark.parametrize("silent", [SILENT, BROKEN_WRITE], ids=["no-stderr", "broken-write"])
 def test_an_unreachable_hypervisor_without_a_reason_is_asked_again_without_the_shared_master(
-    tmp_path, monkeypatch, answer, says
+    tmp_path, monkeypatch, answer, says, silent
 ):
     ssh = tmp_path / "ssh"
     ssh.write_text(ANSWERING_SSH)
@@ -240,7 +246,7 @@ def test_an_unreachable_hypervisor_without_a_reason_is_asked_again_without_the_s
     monkeypatch.setenv("FAKE_SSH_ANSWER", answer)
     conn = make(node="pve1", ssh_executable=str(ssh), control_path_dir=str(tmp_path / "cp"))
     conn.host = "pve1.example.org"
-    text = conn._unreachable(AnsibleConnectionFailure(SILENT))
+    text = conn._unreachable(AnsibleConnectionFailure(silent))
     assert text.startswith("Cannot reach the hypervisor of CT 129 on node pve1 (hypervisor pve1.example.org")
     assert says in text, text
     argv = (tmp_path / "argv").read_text().splitlines()

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,14 @@ FLEET_PCT = str(FLEET_ROOT / "sbin" / "pct")
 FLEET_PORT = 10132
 FLEET_API_PORT = 8116
 
+
+# Ansible's controller scratch (ansible-local-<pid>, normally ~/.ansible/tmp) in a directory of the test run's own:
+# the tests kill Ansible processes on purpose (a module crashed mid-rewrite, a play whose node dies), and a killed
+# process cannot remove its scratch. Made by the first process (xdist's workers inherit it) and removed by it at the
+# end; a value the caller set is kept, and left alone.
+_OWN_LOCAL_TEMP = None if os.environ.get("ANSIBLE_LOCAL_TEMP") else tempfile.mkdtemp(prefix="eagle3-tests-ansible-")
+if _OWN_LOCAL_TEMP:
+    os.environ["ANSIBLE_LOCAL_TEMP"] = _OWN_LOCAL_TEMP
 
 # In-process imports of eagle3.ops (module_utils in module tests, plugins through the loaders) go through
 # ansible's own collection loader, as in a play.
@@ -282,6 +291,11 @@ _STAGE_SECONDS: dict[str, float] = {"unit": 0.0, "sglang": 0.0, "lab": 0.0, "pip
 _SESSION_STARTED = [time.monotonic()]
 # Test files that run the training/serving pipeline for real; every other integration file is "lab".
 PIPELINE_FILES = {"test_pipeline.py", "test_deploy.py", "test_train_job.py", "test_cli.py"}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_LOCAL_TEMP:
+        shutil.rmtree(_OWN_LOCAL_TEMP, ignore_errors=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -1,8 +1,8 @@
 """lab_host downloads the containers' wheels in the background while the template builds (wheelhouse.yml); when the
 build fails, wheelhouse_stop.yml stops that download - ansible's async wrapper, the command and its child - removes
-the job file and the staging directory, and fails with the build's own message. Run by Ansible on the controller
-against a real async job of the same shape (a Python whose child sleeps), since the real one would reach the package
-index; and the role's main.yml wires it as the template build's rescue."""
+the job file, the job's temporary directory and the staging directory, and fails with the build's own message. Run
+by Ansible on the controller against a real async job of the same shape (a Python whose child sleeps), since the real
+one would reach the package index; and the role's main.yml wires it as the template build's rescue."""
 
 from __future__ import annotations
 
@@ -23,13 +23,29 @@ PLAY = """- name: A download in the background, a failed step, the rescue
   connection: local
   gather_facts: false
   tasks:
-    - name: Start a download that takes its time, as wheelhouse.yml does (async, poll 0)
+    - name: The download's temporary directory, as wheelhouse.yml makes it
+      ansible.builtin.tempfile:
+        state: directory
+        prefix: eagle3-wheels-
+      register: __lab_host_wheels_tmp
+
+    - name: Keep its path
+      ansible.builtin.copy:
+        content: "{{{{ __lab_host_wheels_tmp.path }}}}"
+        dest: {tmp}
+        mode: "0644"
+
+    - name: Start a download that takes its time, as wheelhouse.yml does (async, poll 0, its own temporary directory)
       ansible.builtin.command:
         argv:
           - "{{{{ ansible_playbook_python }}}}"
           - -c
           - "import subprocess as s, sys; s.run([sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[1]])"
           - "{marker}"
+      environment:
+        TMPDIR: "{{{{ __lab_host_wheels_tmp.path }}}}"
+      vars:
+        ansible_remote_tmp: "{{{{ __lab_host_wheels_tmp.path }}}}"
       async: 600
       poll: 0
       register: __lab_host_wheels
@@ -74,7 +90,7 @@ def test_a_failed_build_stops_the_download_and_leaves_nothing(tmp_path: Path):
     (wheelhouse / ".partial").mkdir(parents=True)
     (wheelhouse / ".partial" / "torch-2.13.0-cp311-none-any.whl").write_bytes(b"PK half a wheel")
     (wheelhouse / "six-1.16.0-py2.py3-none-any.whl").write_bytes(b"PK a whole one")
-    (tmp_path / "play.yml").write_text(PLAY.format(marker=marker, jid=tmp_path / "jid"))
+    (tmp_path / "play.yml").write_text(PLAY.format(marker=marker, jid=tmp_path / "jid", tmp=tmp_path / "tmp"))
     values = {"ansible_python_interpreter": sys.executable, "lab_host_wheelhouse": str(wheelhouse)}
     try:
         proc = run_playbook(tmp_path / "play.yml", "-i", "localhost,", "-e", json.dumps(values), check=False,
@@ -87,10 +103,25 @@ def test_a_failed_build_stops_the_download_and_leaves_nothing(tmp_path: Path):
         assert _running(marker) == [], "the background download still runs"
         jid = (tmp_path / "jid").read_text().strip()
         assert not (Path.home() / ".ansible_async" / jid).exists(), "the job file was left behind"
+        # Ansible's files for the job (the async wrapper, the module, its unpacked payload) lived there
+        assert not Path((tmp_path / "tmp").read_text().strip()).exists(), "the job's temporary directory was left"
         assert not (wheelhouse / ".partial").exists()
         assert (wheelhouse / "six-1.16.0-py2.py3-none-any.whl").read_bytes() == b"PK a whole one"
     finally:
         subprocess.run(["pkill", "-KILL", "-f", marker], check=False)
+
+
+def test_the_download_keeps_its_files_in_its_own_temporary_directory():
+    """What the play above copies from wheelhouse.yml: Ansible's files for the job and the module's payload (the
+    remote tmp and TMPDIR) go to the directory the stop and the wait remove, not to ~/.ansible/tmp and /tmp."""
+    tasks = yaml.safe_load((ROOT / "roles/lab_host/tasks/wheelhouse.yml").read_text())
+    start = next(t for t in tasks if t.get("async"))
+    assert start["poll"] == 0
+    assert start["environment"]["TMPDIR"] == start["vars"]["ansible_remote_tmp"] == "{{ __lab_host_wheels_tmp.path }}"
+    for name in ("wheelhouse_wait.yml", "wheelhouse_stop.yml"):
+        forget = next(t for t in yaml.safe_load((ROOT / "roles/lab_host/tasks" / name).read_text())
+                      if t.get("ansible.builtin.import_tasks") == "async_forget.yml")  # fmt: skip
+        assert "__lab_host_wheels_tmp.path" in forget["vars"]["_lab_host_jobs_tmp"], name
 
 
 def test_main_rescues_the_template_build_with_the_stop():

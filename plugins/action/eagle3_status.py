@@ -13,5 +13,5 @@ class ActionModule(ProbeAction):
     _VALID_ARGS = frozenset(ARGUMENT_SPEC)
     MODULE = "eagle3.ops.eagle3_status"
     SPEC = ARGUMENT_SPEC
-    MODULES = ("_gpu", "_router", "_serving", "_status")
+    MODULES = ("_smi", "_router", "_serving", "_status")
     ENTRY = ("_status", "read")

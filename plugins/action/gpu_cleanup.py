@@ -16,13 +16,13 @@ class ActionModule(ProbeAction):
     _VALID_ARGS = frozenset(ARGUMENT_SPEC)
     MODULE = "eagle3.ops.gpu_cleanup"
     SPEC = ARGUMENT_SPEC
-    MODULES = ("_gpu", "_safetensors", "_cleanup")
+    MODULES = ("_smi", "_gpu", "_safetensors", "_cleanup")
     ENTRY = ("_cleanup", "dry_run")
 
     def probe_wanted(self) -> bool:
         return bool(self._play_context.check_mode)
 
     def probe_modules(self, params: dict[str, Any]) -> tuple[str, ...]:
-        """The checkpoint guard's reader (_safetensors, the largest of the three) only where there are paths to guard:
+        """The checkpoint guard's reader (_safetensors, the largest of them) only where there are paths to guard:
         most hosts of a fleet-wide cleanup have none, and each would compile it."""
         return self.MODULES if params.get("require_paths") else tuple(m for m in self.MODULES if m != "_safetensors")

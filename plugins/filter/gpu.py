@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.eagle3.ops.plugins.module_utils._gpu import smi_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._smi import smi_rows
 
 # The fields gpu_facts reads, in query order (nvidia-smi --help-query-gpu names them).
 GPU_FIELDS = ["index", "uuid", "name", "memory.used", "memory.total", "power.draw", "power.limit", "utilization.gpu"]

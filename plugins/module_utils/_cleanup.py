@@ -19,8 +19,6 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     Proc,
     Selection,
     alive,
-    app_memory,
-    gpu_memory,
     kill,
     read_stat,
     resolve_gpus,
@@ -32,6 +30,7 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gpu import (
     unit_of,
     wait_gone,
 )
+from ansible_collections.eagle3.ops.plugins.module_utils._smi import app_memory, gpu_memory
 
 ARGUMENT_SPEC = {
     "gpus": {"type": "list", "elements": "str", "default": []},

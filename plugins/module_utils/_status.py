@@ -12,9 +12,9 @@ import subprocess
 from typing import Any
 from urllib.parse import urlsplit
 
-from ansible_collections.eagle3.ops.plugins.module_utils._gpu import SMI_GPU_FIELDS, smi_rows
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
 from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
+from ansible_collections.eagle3.ops.plugins.module_utils._smi import SMI_GPU_FIELDS, smi_rows
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "nvidia_smi": {"type": "list", "elements": "str", "default": ["nvidia-smi"]},

@@ -15,6 +15,13 @@ from tests.unit.plugins.modules.test_eagle3_status import fake_smi, serve_info
 from tests.unit.plugins.modules.test_gpu_cleanup import alive, used, workload
 
 
+def status_modules() -> list[str]:
+    """The module_utils eagle3_status's action sends, in its order."""
+    from ansible_collections.eagle3.ops.plugins.action.eagle3_status import ActionModule
+
+    return list(ActionModule.MODULES)
+
+
 def probe():
     from ansible_collections.eagle3.ops.plugins.plugin_utils import _probe
 
@@ -44,7 +51,7 @@ def test_the_script_answers_what_the_module_answers(tmp_path, capsys):
         params, error = probe().validated(__import__("ansible_collections.eagle3.ops.plugins.module_utils._status",
                                                      fromlist=["ARGUMENT_SPEC"]).ARGUMENT_SPEC, args)  # fmt: skip
         assert error == "" and params is not None
-        program = probe().script(["_gpu", "_router", "_serving", "_status"], "_status", "read", params)
+        program = probe().script(status_modules(), "_status", "read", params)
         # run by a bare interpreter, with nothing of ansible's importable
         out = subprocess.run([sys.executable, "-I", "-S", "-"], input=program, capture_output=True, text=True,
                              timeout=60, check=True).stdout  # fmt: skip
@@ -91,8 +98,7 @@ def test_path_options_reach_the_host_as_written_and_are_expanded_there(tmp_path)
             "payload_dir": str(ROOT / "eagle3_ops" / "payloads")}  # fmt: skip
     params, _ = probe().validated(ARGUMENT_SPEC, args)
     assert params is not None
-    program = probe().script(["_gpu", "_router", "_serving", "_status"], "_status", "read", params,
-                             probe().path_options(ARGUMENT_SPEC))  # fmt: skip
+    program = probe().script(status_modules(), "_status", "read", params, probe().path_options(ARGUMENT_SPEC))
     out = subprocess.run([sys.executable, "-I", "-S", "-"], input=program, capture_output=True, text=True, timeout=60,
                          check=True, env={"EAGLE3_HOST_STATE": str(state), "PATH": "/usr/bin:/bin"}).stdout  # fmt: skip
     answer = json.loads(out.strip().splitlines()[-1].removeprefix(probe().MARK))
@@ -155,6 +161,12 @@ def test_a_dry_run_ships_the_checkpoint_reader_only_to_guard_paths():
     from ansible_collections.eagle3.ops.plugins.action.gpu_cleanup import ActionModule
 
     action = ActionModule.__new__(ActionModule)
-    assert action.probe_modules({"require_paths": []}) == ("_gpu", "_cleanup")
+    assert action.probe_modules({"require_paths": []}) == ("_smi", "_gpu", "_cleanup")
     guarded = action.probe_modules({"require_paths": ["/srv/run/model.safetensors"]})
-    assert guarded == ("_gpu", "_safetensors", "_cleanup")
+    assert guarded == ("_smi", "_gpu", "_safetensors", "_cleanup")
+
+
+def test_the_status_script_ships_the_nvidia_smi_reader_not_the_cleanup_logic():
+    """eagle3_status runs on every container of a fleet-wide status: its script carries _smi (nvidia-smi's query),
+    not _gpu (the cleanup's process scan, four times the source and dataclasses to import), and runs without it."""
+    assert "_smi" in status_modules() and "_gpu" not in status_modules()

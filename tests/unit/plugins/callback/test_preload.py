@@ -1,6 +1,6 @@
 """The preload callback: the project's ansible.cfg enables it, and loading it leaves the connection plugins' option
-definitions and the collection's digest in the process (where every task's fork finds them, instead of reading pct's
-documentation and the collection's files again).
+definitions, the collection's filter plugins and the collection's digest in the process (where every task's fork finds
+them, instead of reading pct's documentation and compiling the collection's files again).
 
 Each check runs in a fresh Python: ansible's configuration is process-wide, and a test before this one in the same
 worker may have loaded the connection plugin already."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from tests.modules import ROOT
 from tests.unit.plugins.callback.fresh import run_fresh
 
 CHECK = """
@@ -22,11 +23,16 @@ before = C.config.has_configuration_definition("connection", PCT)
 from ansible_collections.eagle3.ops.plugins.plugin_utils import _collection
 digest_before = list(_collection._digest)
 from ansible._internal._templating._jinja_bits import AnsibleEnvironment
+import sys
+router_before = "ansible_collections.eagle3.ops.plugins.filter.router" in sys.modules
 cb = callback_loader.get("eagle3.ops.preload")
 cb.set_options()
 kept = list(_collection._digest)
 _collection._digest.clear()  # computed again from the files
+import sys
 print(json.dumps({"enabled": list(C.CALLBACKS_ENABLED), "before": before, "loaded": cb.loaded,
+                  "jinja": cb.jinja_plugins, "router_before": router_before,
+                  "router": "ansible_collections.eagle3.ops.plugins.filter.router" in sys.modules,
                   "digest_before": digest_before, "digest": kept, "reported": cb.digest,
                   "fresh": _collection.collection_digest(),
                   "after": C.config.has_configuration_definition("connection", PCT),
@@ -45,6 +51,10 @@ def test_the_project_enables_it_and_it_loads_the_connection_definitions():
     assert got["before"] is False  # nothing had loaded pct's definitions before the callback
     assert got["after"] is True
     assert got["loaded"] == ["eagle3.ops.pct", "ansible.builtin.ssh", "ansible.builtin.local"]
+    # The collection's filter plugins are imported where the forks find them (none had been before)
+    filters = sorted(f"eagle3.ops.filter.{f.stem}" for f in (ROOT / "plugins" / "filter").glob("*.py"))
+    assert sorted(got["jinja"]) == filters and filters
+    assert got["router_before"] is False and got["router"] is True
     # The digest kept for the forks is the collection's (the same when computed again from the files)
     assert got["digest_before"] == [] and got["digest"] == [got["reported"]] == [got["fresh"]]
     # Templates are shared by the run's forks, in a directory inside Ansible's own per-run one (removed at its end)
@@ -61,3 +71,8 @@ def test_a_plugin_that_does_not_load_is_left_to_its_task():
     got = _check(EAGLE3_PRELOAD_CONNECTIONS="eagle3.ops.nothing_by_that_name,ansible.builtin.local")
     assert got["loaded"] == ["ansible.builtin.local"]
     assert got["after"] is False
+
+
+def test_the_jinja_collections_are_an_option():
+    got = _check(EAGLE3_PRELOAD_JINJA_COLLECTIONS="no_such.collection")
+    assert got["jinja"] == [] and got["router"] is False

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _peer  # benchmarks/_peer.py: the peer's paramiko, apart from the project's environment
+
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / ".lab"
 PORT = 10022
@@ -171,7 +173,8 @@ def main() -> int:
         base_env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
         envs = {
             "pct": base_env,
-            "peer": {**base_env, "HOME": str(peer_home), "ANSIBLE_LOCAL_TEMP": str(peer_home / "tmp")},
+            "peer": {} if args.skip_peer else _peer.env({**base_env, "HOME": str(peer_home),
+                                                          "ANSIBLE_LOCAL_TEMP": str(peer_home / "tmp")}),
             "floor": base_env,
         }
         kinds = ["pct", "floor"] + ([] if args.skip_peer else ["peer"])

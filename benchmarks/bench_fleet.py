@@ -41,6 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import _peer  # benchmarks/_peer.py: the peer's paramiko, apart from the project's environment
 import yaml
 
 from eagle3_ops.recap import converged
@@ -117,8 +118,8 @@ def no_room(k: int, lxc_path: str) -> str | None:
 def playbook(name: str, inv: Path, extra_vars: Path, home: Path | None = None, options: tuple[str, ...] = (),
              expect_converged: bool = False) -> float:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
-    if home:
-        env.update(HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"))
+    if home:  # the peer's run
+        env = _peer.env({**env, "HOME": str(home), "ANSIBLE_LOCAL_TEMP": str(home / "tmp")})
     start = time.perf_counter()
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "-e", f"@{extra_vars}", *options, name],
                           cwd=ROOT, env=env, capture_output=True, text=True, check=False)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -62,11 +63,17 @@ def _plain(value: Any) -> Any:
         return value
 
 
+@functools.lru_cache(maxsize=32)
+def _role_specs(path: Path) -> Any:
+    """A role's meta/argument_specs.yml, parsed once per process (with libyaml where PyYAML has it)."""
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+
+
 def role_spec(role: str, entry: str = "main", roles: Path = ROLES) -> dict[str, Any]:
     """The options of one entry point of one of the collection's roles (its meta/argument_specs.yml)."""
     path = roles / role / "meta" / "argument_specs.yml"
     try:
-        specs = yaml.safe_load(path.read_text(encoding="utf-8"))["argument_specs"]
+        specs = _role_specs(path)["argument_specs"]
         return dict(specs[entry].get("options") or {})
     except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
         raise AnsibleFilterError(f"role_arg_problems: no argument spec {entry!r} for the role {role} ({exc}).") from exc
@@ -85,8 +92,10 @@ def role_arg_problems(hosts: Iterable[str], hostvars: Mapping[str, Any], role: s
     inventory's value).
     """
     options = role_spec(role, entry)
+    validator = ArgumentSpecValidator(options)
     base = {name: _plain(value) for name, value in current.items() if name in options}
     by_message: dict[str, list[str]] = {}
+    verdicts: dict[str, list[str]] = {}  # most hosts hold the same values (none of their own): one validation each
     for host in hosts:
         found = hostvars[host]
         values = dict(base)
@@ -97,13 +106,32 @@ def role_arg_problems(hosts: Iterable[str], hostvars: Mapping[str, Any], role: s
                 values[name] = _plain(found[name])
             except Exception as exc:  # a value that cannot be templated for this host
                 by_message.setdefault(f"{name} cannot be resolved ({exc})", []).append(host)
-        result = ArgumentSpecValidator(options).validate(values)
-        for message in result.error_messages:
+        try:
+            key = json.dumps(values, sort_keys=True)
+        except (TypeError, ValueError):  # a value JSON cannot say: validated on its own
+            key = ""
+        if not key or key not in verdicts:
+            verdicts[key] = list(validator.validate(values).error_messages)
+        for message in verdicts[key]:
             by_message.setdefault(message, []).append(host)
     return [f"{', '.join(names)}: {role}: {message}; fix it in the inventory or the extra variables."
             for message, names in by_message.items()]  # fmt: skip
 
 
+def fleet_problems(hosts: Iterable[str], hostvars: Mapping[str, Any], role: str = "",
+                   current: Mapping[str, Any] | None = None, entry: str = "main") -> list[str]:  # fmt: skip
+    """vmid_conflicts, then (with ``role``) role_arg_problems, over one read of each host's variables: every
+    ``hostvars[host]`` is that host's variables computed anew, and a fleet-wide run pays for each read on the
+    controller before its first host is reached."""
+    hosts = list(hosts)
+    read = {host: hostvars[host] for host in hosts}
+    problems = vmid_conflicts(hosts, read)
+    if role:
+        problems += role_arg_problems(hosts, read, role, current or {}, entry)
+    return problems
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"vmid_conflicts": vmid_conflicts, "role_arg_problems": role_arg_problems}
+        return {"vmid_conflicts": vmid_conflicts, "role_arg_problems": role_arg_problems,
+                "fleet_problems": fleet_problems}  # fmt: skip

@@ -10,7 +10,6 @@ import os
 import shlex
 import subprocess
 import time
-import traceback
 import typing as t
 from typing import Any
 
@@ -354,6 +353,8 @@ def outcome(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], s
     except CleanupFailed as exc:
         return summarised(cleanup.result), str(exc), None
     except Exception as exc:  # the unexpected gets a traceback
+        import traceback  # pylint: disable=import-outside-toplevel  # only here: a dry run would import it for nothing
+
         return summarised(cleanup.result), f"gpu_cleanup failed unexpectedly: {exc}", traceback.format_exc()
     return summarised(cleanup.result), None, None
 

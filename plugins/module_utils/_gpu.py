@@ -30,7 +30,6 @@ import re
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_EXCLUDE = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "Xorg", "X", "nvidia-smi"]
@@ -44,23 +43,39 @@ SHELLS = {"bash", "sh", "dash", "zsh", "fish", "ksh", "mksh", "ash", "tcsh", "cs
 _SHELL_OPTS_WITH_ARG = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
 
 
-@dataclass
-class Proc:
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    state: str
-    starttime: int
-    comm: str
-    cmdline: str
-    gpus: set[int] = field(default_factory=set)
-    control: bool = False  # holds nvidiactl / nvidia-uvm
-    memory_mib: int | None = None
-    tty_nr: int = 0  # controlling terminal (0: none)
-    argv: list[str] = field(default_factory=list)
-    stdin_tty: bool = False  # fd 0 is a terminal
-    maps_device: bool = False  # device memory of /dev/nvidia* mapped into the process (a CUDA context)
+class _Record:
+    """A plain record: its fields (``__slots__``) in order, equal when they are. Not a dataclass: a dry run on every
+    host of a fleet-wide cleanup imports this file, and ``dataclasses`` would import ``inspect`` (a third of the
+    host's import time) and build each class's methods from source."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, f) == getattr(other, f) for f in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as an eq dataclass is
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)!r}' for f in self.__slots__)})"
+
+
+class Proc(_Record):
+    __slots__ = ("argv", "cmdline", "comm", "control", "gpus", "maps_device", "memory_mib", "pgid", "pid", "ppid",
+                 "sid", "starttime", "state", "stdin_tty", "tty_nr")  # fmt: skip
+
+    def __init__(self, pid: int, ppid: int, pgid: int, sid: int, state: str, starttime: int, comm: str, cmdline: str,
+                 gpus: set[int] | None = None, control: bool = False, memory_mib: int | None = None, tty_nr: int = 0,
+                 argv: list[str] | None = None, stdin_tty: bool = False,
+                 maps_device: bool = False) -> None:  # fmt: skip
+        self.pid, self.ppid, self.pgid, self.sid = pid, ppid, pgid, sid
+        self.state, self.starttime, self.comm, self.cmdline = state, starttime, comm, cmdline
+        self.gpus: set[int] = set() if gpus is None else gpus
+        self.control = control  # holds nvidiactl / nvidia-uvm
+        self.memory_mib = memory_mib
+        self.tty_nr = tty_nr  # controlling terminal (0: none)
+        self.argv: list[str] = [] if argv is None else argv
+        self.stdin_tty = stdin_tty  # fd 0 is a terminal
+        self.maps_device = maps_device  # device memory of /dev/nvidia* mapped into the process (a CUDA context)
 
     @property
     def holds_gpu(self) -> bool:
@@ -304,16 +319,20 @@ def unit_facts(unit: str, systemctl: str = "systemctl") -> dict[str, Any] | None
 # -- selection ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Selection:
-    holders: list[Proc]  # selected GPU holders (and non-GPU matches when asked)
-    roots: list[Proc]  # job roots to stop first (agents), not GPU holders themselves
-    spared: list[Proc]  # holders left alone (allow-listed, other GPUs, not matching)
-    protected: set[int]  # our own tree
-    reasons: dict[int, str] = field(default_factory=dict)  # why each spared holder or ancestor is spared
-    observers: list[Proc] = field(default_factory=list)  # holders with no compute context, spared
-    spared_ancestors: list[Proc] = field(default_factory=list)  # shells/sessions above a job, never signalled
-    chain: list[Proc] = field(default_factory=list)  # job processes between a root and its holders (restart loops)
+class Selection(_Record):
+    __slots__ = ("chain", "holders", "observers", "protected", "reasons", "roots", "spared", "spared_ancestors")
+
+    def __init__(self, holders: list[Proc], roots: list[Proc], spared: list[Proc], protected: set[int],
+                 reasons: dict[int, str] | None = None, observers: list[Proc] | None = None,
+                 spared_ancestors: list[Proc] | None = None, chain: list[Proc] | None = None) -> None:  # fmt: skip
+        self.holders = holders  # selected GPU holders (and non-GPU matches when asked)
+        self.roots = roots  # job roots to stop first (agents), not GPU holders themselves
+        self.spared = spared  # holders left alone (allow-listed, other GPUs, not matching)
+        self.protected = protected  # our own tree
+        self.reasons: dict[int, str] = {} if reasons is None else reasons  # why each spared holder or ancestor is
+        self.observers: list[Proc] = [] if observers is None else observers  # holders with no compute context
+        self.spared_ancestors: list[Proc] = [] if spared_ancestors is None else spared_ancestors  # shells/sessions
+        self.chain: list[Proc] = [] if chain is None else chain  # job processes between a root and its holders
 
     def job_pids(self) -> set[int]:
         """Every process of the selected jobs: roots, the chain below them, holders."""

@@ -6,9 +6,10 @@ A module call costs the host a Python that unpacks ansible's wrapper and imports
 0.25 s of CPU in a lab container, against 0.02 s for a bare interpreter): paid once per container by a fleet-wide
 run, on top of the connection itself. For a read whose code is standard library only (its module_utils), the action
 plugin checks the arguments on the controller and sends the module_utils' sources and the arguments as one script on
-the command's standard input - the same single round trip as a pipelined module. When the host's Python is not known
-or the connection cannot take a script on its input (no pipelining, become), or the script does not answer, the
-action runs the module as usual, so the result and the failures are the module's.
+the command's standard input - the same single round trip as a pipelined module - to the host's Python, run isolated
+and without site (``-I -S``: the standard library alone, none of the host's environment variables or .pth files).
+When the host's Python is not known or the connection cannot take a script on its input (no pipelining, become), or
+the script does not answer, the action runs the module as usual, so the result and the failures are the module's.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def run(action: Any, task_vars: dict[str, Any], modules: Sequence[str], module: 
         return None
     program = script(modules, module, entry, params, paths)
     try:
-        command = shlex.join([*shlex.split(python), "-"])  # an interpreter may carry arguments (/usr/bin/env python3)
+        # An interpreter may carry arguments (/usr/bin/env python3). -I -S: the script needs the standard library alone,
+        # and a distribution's site (its .pth files, sitecustomize) was a sixth of a dry run's CPU in a lab container.
+        command = shlex.join([*shlex.split(python), "-I", "-S", "-"])
     except ValueError:
         return None
     res = action._low_level_execute_command(command, sudoable=False, in_data=program.encode())

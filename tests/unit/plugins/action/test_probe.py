@@ -61,7 +61,7 @@ def test_the_script_answers_what_the_module_answers(tmp_path, capsys):
         server.shutdown()
     module.pop("invocation", None)
     assert answer == module and answer["serving"]["draft_tokens"] == 10 and answer["gpus_read"] is True
-    assert f"{sys.executable} - && sleep 0" in verbose  # the script went in on the command's input
+    assert f"{sys.executable} -I -S - && sleep 0" in verbose  # the script on the input, isolated
     assert {k: played[k] for k in module} == module
 
 
@@ -70,7 +70,7 @@ def test_the_module_runs_when_the_script_cannot(tmp_path):
     missing = str(tmp_path / "no-python")
     verbose, played = adhoc("eagle3.ops.eagle3_status", args, python=missing)
     # the script found no interpreter (rc 127), so the module ran and failed as a module does there
-    assert f"{missing} - && sleep 0" in verbose and f"{missing} && sleep 0" in verbose, verbose
+    assert f"{missing} -I -S - && sleep 0" in verbose and f"{missing} && sleep 0" in verbose, verbose
     assert played["failed"] is True and f"The module interpreter '{missing}' was not found" in played["msg"]
     # a host whose Python is not known (discovery asked for, not run yet): python3 on its PATH
     _, found = adhoc("eagle3.ops.eagle3_status", args, python="auto_silent")
@@ -110,7 +110,7 @@ def test_a_cleanup_dry_run_is_the_script_and_a_real_run_is_the_module(gpus, caps
     args = {"nvidia_smi": gpus["smi"], "device_dir": gpus["dev"], "grace": 2, "timeout": 10}
     module = run_module("gpu_cleanup", args, check=True, capsys=capsys)
     verbose, dry = adhoc("eagle3.ops.gpu_cleanup", args, "--check")
-    assert f"{sys.executable} - && sleep 0" in verbose
+    assert f"{sys.executable} -I -S - && sleep 0" in verbose
     assert dry["changed"] is True and dry["signalled"] == module["signalled"] and len(dry["signalled"]) == 3
     assert [h["pid"] for h in dry["holders"]] == [h["pid"] for h in module["holders"]]
     assert dry["targets"] == module["targets"] and dry["units"] == module["units"]
@@ -127,7 +127,7 @@ def test_a_cleanup_dry_run_is_the_script_and_a_real_run_is_the_module(gpus, caps
 def test_an_interpreter_with_arguments_runs_the_script(tmp_path):
     args = {"nvidia_smi": fake_smi(tmp_path)}
     verbose, played = adhoc("eagle3.ops.eagle3_status", args, python="/usr/bin/env python3")
-    assert "/usr/bin/env python3 - && sleep 0" in verbose and played["gpus_read"] is True
+    assert "/usr/bin/env python3 -I -S - && sleep 0" in verbose and played["gpus_read"] is True
 
 
 def test_a_stage_check_is_the_script_and_a_record_is_the_module(tmp_path, capsys):
@@ -137,7 +137,7 @@ def test_a_stage_check_is_the_script_and_a_record_is_the_module(tmp_path, capsys
     try:
         args = {**stage(tmp_path), "units": [], "urls": [f"http://127.0.0.1:{server.server_port}/health"]}
         verbose, first = adhoc("eagle3.ops.stage_stamp", {**args, "state": "check"})
-        assert f"{sys.executable} - && sleep 0" in verbose and first["converged"] is False
+        assert f"{sys.executable} -I -S - && sleep 0" in verbose and first["converged"] is False
         assert first["reason"].startswith("no stamp of a complete deploy run")
         verbose, kept = adhoc("eagle3.ops.stage_stamp", {**args, "state": "record"})
         assert " - && sleep 0" not in verbose and kept["changed"] is True  # the record writes: the module itself

@@ -128,3 +128,37 @@ def test_a_roles_arguments_are_checked_for_every_host_in_one_pass():
     assert wrong[0].startswith("c, d: gpu_cleanup: argument 'gpu_cleanup_force' is of type str")
     with pytest.raises(Exception, match="no argument spec 'main' for the role no_such_role"):
         role_arg_problems(["d"], hostvars, "no_such_role", current)
+
+
+def test_a_fleet_check_reads_each_host_once_and_validates_each_set_of_values_once(monkeypatch):
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    from ansible_collections.eagle3.ops.plugins.filter.fleet import fleet_problems
+
+    class Counted(dict):
+        """hostvars as ansible-core gives them: each read of a host is its variables computed anew."""
+
+        def __init__(self, hosts: dict) -> None:
+            super().__init__(hosts)
+            self.reads: list[str] = []
+
+        def __getitem__(self, host: str):
+            self.reads.append(host)
+            return super().__getitem__(host)
+
+    hosts = {f"h{i}": {"pct_vmid": 100 + i, "pct_node": "pve1"} for i in range(8)}
+    hosts["h6"]["pct_vmid"] = 101  # one container under two names
+    hosts["h7"]["gpu_cleanup_grace"] = "soon"  # one host's own wrong value
+    hostvars = Counted(hosts)
+    validations: list[dict] = []
+    validate = ArgumentSpecValidator.validate
+    monkeypatch.setattr(ArgumentSpecValidator, "validate", lambda self, values: validations.append(values) or
+                        validate(self, values))  # fmt: skip
+    current = {"gpu_cleanup_grace": 10, "gpu_cleanup_timeout": 30}
+    problems = fleet_problems(list(hostvars), hostvars, "gpu_cleanup", current)
+    assert sorted(hostvars.reads) == sorted(hosts)  # once each, for both checks
+    assert problems[0].startswith("h1, h6 all name VMID 101 (on node pve1)")
+    assert problems[1].startswith("h7: gpu_cleanup: argument 'gpu_cleanup_grace' is of type str")
+    assert len(problems) == 2
+    assert len(validations) == 2  # seven hosts with the role's values, one with its own
+    # without a role: the inventory check alone (status.yml's)
+    assert fleet_problems(["h0", "h1", "h6"], hostvars) == [problems[0]]

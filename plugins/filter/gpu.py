@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.eagle3.ops.plugins.module_utils._smi import smi_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._smi import SMI_GPU_FIELDS, smi_argv, smi_rows
 
-# The fields gpu_facts reads, in query order (nvidia-smi --help-query-gpu names them).
-GPU_FIELDS = ["index", "uuid", "name", "memory.used", "memory.total", "power.draw", "power.limit", "utilization.gpu"]
+# The fields gpu_facts reads, in query order (nvidia-smi --help-query-gpu names them): eagle3_status's too.
+GPU_FIELDS = SMI_GPU_FIELDS
 
 
 def nvidia_smi_query(nvidia_smi: str, fields: list[str] | None = None) -> list[str]:
     """The argv of gpu_facts' read, one CSV row per GPU (``nvidia_smi_csv`` parses it): one home for the role's own
     read and for a fingerprint check that takes it in the same call (deploy.yml's setting switch)."""
-    return [str(nvidia_smi), "--query-gpu=" + ",".join(fields or GPU_FIELDS), "--format=csv,noheader,nounits"]
+    return smi_argv([str(nvidia_smi)], fields or GPU_FIELDS)
 
 
 def nvidia_smi_csv(text: str, fields: list[str] | str | None = None) -> list[dict[str, Any]]:

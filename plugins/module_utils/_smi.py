@@ -50,11 +50,17 @@ def smi_rows(text: str, fields: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def smi_argv(nvidia_smi: list[str], fields: list[str] | str, query: str = "query-gpu") -> list[str]:
+    """The argv of one nvidia-smi CSV query, without header and units: the form smi_rows and run_smi read."""
+    names = fields if isinstance(fields, str) else ",".join(fields)
+    return [*nvidia_smi, f"--{query}={names}", "--format=csv,noheader,nounits"]
+
+
 def run_smi(nvidia_smi: list[str], query: str, fields: str) -> list[list[str]] | None:
     """Rows of an nvidia-smi CSV query, or None when nvidia-smi cannot answer."""
     try:
         proc = subprocess.run(
-            [*nvidia_smi, f"--{query}={fields}", "--format=csv,noheader,nounits"],
+            smi_argv(nvidia_smi, fields, query),
             capture_output=True,
             text=True,
             timeout=30,

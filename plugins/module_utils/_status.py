@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
 from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
-from ansible_collections.eagle3.ops.plugins.module_utils._smi import SMI_GPU_FIELDS, smi_rows
+from ansible_collections.eagle3.ops.plugins.module_utils._smi import SMI_GPU_FIELDS, smi_argv, smi_rows
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "nvidia_smi": {"type": "list", "elements": "str", "default": ["nvidia-smi"]},
@@ -34,7 +34,7 @@ class StatusReader:
         self.p = params
 
     def gpus(self) -> list[dict[str, Any]] | None:
-        argv = [*self.p["nvidia_smi"], f"--query-gpu={','.join(SMI_GPU_FIELDS)}", "--format=csv,noheader,nounits"]
+        argv = smi_argv(self.p["nvidia_smi"], SMI_GPU_FIELDS)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.p["timeout"], check=False)
             if proc.returncode != 0:

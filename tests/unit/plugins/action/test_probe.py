@@ -168,5 +168,5 @@ def test_a_dry_run_ships_the_checkpoint_reader_only_to_guard_paths():
 
 def test_the_status_script_ships_the_nvidia_smi_reader_not_the_cleanup_logic():
     """eagle3_status runs on every container of a fleet-wide status: its script carries _smi (nvidia-smi's query),
-    not _gpu (the cleanup's process scan, four times the source and dataclasses to import), and runs without it."""
+    not _gpu (the cleanup's process scan, four times the source), and runs without it."""
     assert "_smi" in status_modules() and "_gpu" not in status_modules()

@@ -29,7 +29,6 @@ cb = callback_loader.get("eagle3.ops.preload")
 cb.set_options()
 kept = list(_collection._digest)
 _collection._digest.clear()  # computed again from the files
-import sys
 print(json.dumps({"enabled": list(C.CALLBACKS_ENABLED), "before": before, "loaded": cb.loaded,
                   "jinja": cb.jinja_plugins, "router_before": router_before,
                   "router": "ansible_collections.eagle3.ops.plugins.filter.router" in sys.modules,

@@ -6,6 +6,12 @@ status/log endpoints). Containers are the lab's LXC containers: every change goe
 ``pct``, so the CLI and the API see the same state. Permissions follow PVE where the project depends
 on them: ``devN`` passthrough and bind mount points are refused for API tokens (root@pam only).
 
+A node is online while its ssh hop runs (``--hop NODE=PIDFILE``: the lab's stand-in for a node's membership of
+the cluster); a node without a hop named is always online. As on a PVE cluster, an offline node is ``offline`` in
+``/nodes`` and ``/cluster/resources`` (``online: 0`` in ``/cluster/status``), its containers are listed from the
+cluster's shared configuration with the status ``unknown``, and every ``/nodes/{node}/...`` call, which PVE proxies
+to that node (``proxyto: node`` in the 9.1.3 schema), fails with pveproxy's ``595 No route to host``.
+
 Every request is appended to ``$EAGLE3_LAB_ROOT/pve/api-requests.jsonl`` (method, path template,
 parameter names and values) so tests can check it against the published API schema.
 
@@ -38,6 +44,7 @@ TASKS: dict[str, dict[str, Any]] = {}
 TASKS_LOCK = threading.Lock()
 REQUEST_LOG_LOCK = threading.Lock()
 ROOT_ONLY_WITH_TOKEN = re.compile(r"^dev\d+$")
+HOPS: dict[str, str] = {}  # node -> the pid file of its ssh hop (--hop): the node is online while that process runs
 
 
 class ApiError(Exception):
@@ -94,10 +101,28 @@ def start_task(node: str, kind: str, ident: str, user: str, argv_list: list[list
     return task_id
 
 
+def node_online(node: str) -> bool:
+    """Whether the node's hop runs: its pid file names a live sshd (a node the API was given no hop for is online)."""
+    pidfile = HOPS.get(node)
+    if pidfile is None:
+        return True
+    try:
+        with open(pidfile, encoding="ascii") as fh:
+            pid = int(fh.read().split()[0])
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"sshd" in fh.read()
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def check_node(node: str) -> None:
+    """A /nodes/{node}/... call: PVE proxies it to the node, so an unknown node fails its lookup and an offline one
+    fails the proxy's connection (pveproxy answers 595)."""
     if node not in pct_config.cluster_nodes():
         raise ApiError(500, f"hostname lookup '{node}' failed - failed to get address info for: {node}: "
                        "Name or service not known")  # fmt: skip
+    if not node_online(node):
+        raise ApiError(595, "No route to host")
 
 
 def load(vmid: int, node: str) -> pct.CtConfig:
@@ -223,28 +248,36 @@ class Api:
 
     def nodes(self, params: dict[str, str], user: str, token: bool) -> Any:
         return [{"node": n, "status": "online", "type": "node", "id": f"node/{n}", "maxcpu": os.cpu_count() or 1,
-                 "level": ""} for n in pct_config.cluster_nodes()]  # fmt: skip
+                 "level": ""} if node_online(n) else {"node": n, "status": "offline", "type": "node", "id": f"node/{n}"}
+                for n in pct_config.cluster_nodes()]  # fmt: skip
 
     def cluster_status(self, params: dict[str, str], user: str, token: bool) -> Any:
         nodes = pct_config.cluster_nodes()
-        return ([{"type": "cluster", "id": "cluster", "name": "eagle3lab", "nodes": len(nodes), "quorate": 1,
-                  "version": len(nodes)}] if len(nodes) > 1 else []) + [
+        online = [node_online(n) for n in nodes]
+        return ([{"type": "cluster", "id": "cluster", "name": "eagle3lab", "nodes": len(nodes),
+                  "quorate": int(2 * sum(online) > len(nodes)), "version": len(nodes)}] if len(nodes) > 1 else []) + [
             {"type": "node", "name": n, "id": f"node/{n}", "ip": "127.0.0.1", "local": int(n == pct.NODE),
-             "online": 1, "nodeid": i + 1 if len(nodes) > 1 else 0, "level": ""} for i, n in enumerate(nodes)]
+             "online": int(up), "nodeid": i + 1 if len(nodes) > 1 else 0, "level": ""}
+            for i, (n, up) in enumerate(zip(nodes, online, strict=True))]  # fmt: skip
 
     def cluster_resources(self, params: dict[str, str], user: str, token: bool) -> Any:
         kind = params.get("type")
         out: list[dict[str, Any]] = []
-        nodes = pct_config.cluster_nodes()
+        online = {n: node_online(n) for n in pct_config.cluster_nodes()}
         if kind in (None, "node"):
-            out += [{"id": f"node/{n}", "type": "node", "node": n, "status": "online"} for n in nodes]
+            out += [{"id": f"node/{n}", "type": "node", "node": n, "status": "online" if up else "offline"}
+                    for n, up in online.items()]  # fmt: skip
         if kind in (None, "vm"):
-            for node in nodes:
+            for node, up in online.items():
                 for vmid in node_vmids(node):
                     st = status_dict(vmid, node)
-                    out.append({"id": f"lxc/{vmid}", "type": "lxc", "node": node, "vmid": vmid, "name": st["name"],
-                                "status": st["status"], "tags": st["tags"], "maxmem": st["maxmem"],
-                                "maxcpu": st["cpus"], "template": 0})  # fmt: skip
+                    entry = {"id": f"lxc/{vmid}", "type": "lxc", "node": node, "vmid": vmid, "name": st["name"],
+                             "status": st["status"], "tags": st["tags"], "maxmem": st["maxmem"],
+                             "maxcpu": st["cpus"], "template": 0}  # fmt: skip
+                    if not up:  # the shared configuration still names it; nothing reports its state
+                        entry = {k: v for k, v in entry.items() if k not in ("maxmem", "maxcpu")}
+                        entry["status"] = "unknown"
+                    out.append(entry)
         return out
 
     def lxc_list(self, params: dict[str, str], user: str, token: bool, node: str) -> Any:
@@ -437,7 +470,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pidfile")
     ap.add_argument("--daemon", action="store_true", help="detach: fork, new session, output to --log")
     ap.add_argument("--log", default=os.devnull)
+    ap.add_argument("--hop", action="append", default=[], metavar="NODE=PIDFILE",
+                    help="a node's ssh hop: the node is online while the sshd of this pid file runs")
     args = ap.parse_args(argv)
+    for hop in args.hop:
+        node, sep, pidfile = hop.partition("=")
+        if not sep or not node or not pidfile:
+            ap.error(f"--hop {hop!r}: give NODE=PIDFILE")
+        HOPS[node] = pidfile
     with open(args.tokens, encoding="utf-8") as fh:
         tokens = json.load(fh)
     request_log = os.path.join(pct.LAB_ROOT, "pve", "api-requests.jsonl")

@@ -14,6 +14,11 @@ description:
   - Groups from tags (O(tag_groups) maps a tag to a group name, e.g. C(trainer) to C(trainers)), from nodes
     (C(node_<name>)) and from status (C(status_running)); GPU count and the raw C(lxc.*) lines (repeated keys
     kept, in order) as host variables. Supports C(compose), C(groups), C(keyed_groups) and caching.
+  - A container whose node is offline (C(online) 0 in C(/cluster/status); PVE lists its guests with the status
+    C(unknown) and cannot proxy a call to it) is still a host, so that a fleet-wide run names it unreachable with
+    its node rather than leave it out unseen; its configuration cannot be read, so it has C(proxmox_node_online)
+    false, its tags from C(/cluster/resources), and no GPU or C(lxc) variables. The inventory warns which nodes
+    are offline and which of their containers it lists or leaves out.
   - The configuration file must end in C(.proxmox_ct.yml) or C(.proxmox_ct.yaml).
 author: eagle3-ops contributors (@eagle3-ops)
 extends_documentation_fragment:
@@ -65,10 +70,13 @@ options:
     type: dict
     default: {}
   status:
-    description: Only containers in these states (empty for all).
+    description:
+      - Only containers in these states (empty for all).
+      - C(unknown) is the state of a container whose node is offline; leave it in so that runs name such
+        containers as unreachable.
     type: list
     elements: str
-    default: [running]
+    default: [running, unknown]
   tag_groups:
     description: Tag to group name; tags not listed become groups of the same name.
     type: dict
@@ -118,6 +126,11 @@ def gpu_indices(config: dict[str, Any]) -> list[int]:
     return sorted(found)
 
 
+def is_unreachable_node(exc: PveError) -> bool:
+    """A call PVE proxied to a node that did not answer (pveproxy's 595: the node is down or cut off)."""
+    return getattr(exc, "status", None) == 595
+
+
 def safe_group(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
@@ -149,17 +162,31 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             raise AnsibleParserError(f"proxmox_ct inventory: {exc}") from exc
 
     def fetch(self) -> dict[str, Any]:
-        """Everything the inventory needs, as plain data (what the cache stores)."""
+        """Everything the inventory needs, as plain data (what the cache stores).
+
+        A container's configuration is asked of its node (PVE proxies the call), so none is asked of a node the
+        cluster reports offline, and a node that stops answering meanwhile (pveproxy's 595) is taken as offline.
+        """
         self._client = self._api() if not hasattr(self, "_client_override") else self._client_override
-        nodes = self._get("cluster/status")
-        addresses = {n["name"]: n.get("ip") for n in nodes if n.get("type") == "node"}
+        nodes = [n for n in self._get("cluster/status") if n.get("type") == "node"]
+        addresses = {n["name"]: n.get("ip") for n in nodes}
+        offline = {n["name"] for n in nodes if not n.get("online", 1)}
         containers = []
         for res in self._get("cluster/resources", type="vm"):
             if res.get("type") != "lxc":
                 continue
-            config = self._get(f"nodes/{res['node']}/lxc/{res['vmid']}/config")
+            config = None
+            if res["node"] not in offline:
+                try:
+                    config = self._client.get(f"nodes/{res['node']}/lxc/{res['vmid']}/config")
+                except PveError as exc:
+                    if not is_unreachable_node(exc):
+                        raise AnsibleParserError(f"proxmox_ct inventory: {exc}") from exc
+                    offline.add(res["node"])
+            if config is None:  # the cluster still names it; nothing tells its state
+                res = dict(res, status="unknown")
             containers.append({"resource": res, "config": config})
-        return {"addresses": addresses, "containers": containers}
+        return {"addresses": addresses, "containers": containers, "offline": sorted(offline)}
 
     # -- building ---------------------------------------------------------------------------------
 
@@ -186,8 +213,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         wanted_status = set(self.get_option("status") or [])
         tag_groups = self.get_option("tag_groups") or {}
         strict = self.get_option("strict")
+        offline = set(data.get("offline") or [])
+        self._warn_offline(data, offline, wanted_status)
         for item in sorted(data["containers"], key=lambda c: int(c["resource"]["vmid"])):
-            res, config = item["resource"], item["config"]
+            res, config = item["resource"], item["config"] or {}
             if wanted_status and res.get("status") not in wanted_status:
                 continue
             vmid, node = int(res["vmid"]), res["node"]
@@ -195,20 +224,24 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             name = res.get("name") if self.get_option("host_name") == "name" and res.get("name") else f"ct{vmid}"
             host = self.inventory.add_host(name)
             tags = [t for t in re.split(r"[;, ]+", str(config.get("tags") or res.get("tags") or "")) if t]
-            gpus = gpu_indices(config)
-            hostvars = {
+            hostvars: dict[str, Any] = {
                 "ansible_connection": "eagle3.ops.pct",
                 "ansible_host": address,
                 "ansible_user": self.get_option("hypervisor_user"),
                 "pct_vmid": vmid,
                 "pct_node": node,
                 "proxmox_status": res.get("status"),
+                "proxmox_node_online": node not in offline,
                 "proxmox_tags": tags,
-                "proxmox_gpu_count": len(gpus),
-                "proxmox_gpus": gpus,
-                "proxmox_lxc": [list(pair) for pair in config.get("lxc") or []],
-                "proxmox_config": {k: v for k, v in config.items() if k not in ("lxc", "digest")},
             }
+            if item["config"] is not None:
+                gpus = gpu_indices(config)
+                hostvars.update({
+                    "proxmox_gpu_count": len(gpus),
+                    "proxmox_gpus": gpus,
+                    "proxmox_lxc": [list(pair) for pair in config.get("lxc") or []],
+                    "proxmox_config": {k: v for k, v in config.items() if k not in ("lxc", "digest")},
+                })  # fmt: skip
             port = (self.get_option("node_ports") or {}).get(node) or self.get_option("hypervisor_port")
             if port:
                 hostvars["ansible_port"] = int(port)
@@ -223,3 +256,17 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
             self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
             self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
+
+    def _warn_offline(self, data: dict[str, Any], offline: set[str], wanted_status: set[str]) -> None:
+        """One warning per offline node: which of its containers are hosts, and which the status filter leaves out."""
+        for node in sorted(offline):
+            names = sorted(int(c["resource"]["vmid"]) for c in data["containers"] if c["resource"]["node"] == node)
+            left_out = bool(wanted_status) and "unknown" not in wanted_status
+            what = ", ".join(f"CT {v}" for v in names) or "no container"
+            self.display.warning(
+                f"proxmox_ct inventory: node {node} is offline, so the state and configuration of {what} on it "
+                + ("cannot be read, and the status option leaves them out: add unknown to status to have runs name "
+                   "them unreachable." if left_out and names else
+                   "cannot be read: they are listed with status unknown and no GPU or lxc variables, and runs will "
+                   "name them unreachable until the node is back.")
+            )  # fmt: skip

@@ -17,7 +17,12 @@ RESTART_KEYS = re.compile(r"^(mp\d+|dev\d+|rootfs|unprivileged|features|arch|ost
 
 
 class PveError(Exception):
-    """An API call or task that failed; the message names the call and what to do."""
+    """An API call or task that failed; the message names the call and what to do. ``status`` is the HTTP status
+    the API answered with, when it answered."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def parse_validate_certs(value: Any) -> bool | str:
@@ -79,7 +84,7 @@ class PveClient:
         except PveError:
             raise
         except Exception as exc:  # proxmoxer, requests: turned into one sentence
-            raise PveError(describe_error(exc, what)) from exc
+            raise PveError(describe_error(exc, what), getattr(exc, "status_code", None)) from exc
 
     def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self.call_static(what, fn, *args, **kwargs)
@@ -107,6 +112,10 @@ def describe_error(exc: Exception, what: str) -> str:
     if errors:
         detail = "; ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
         return f"{what}: the API rejected the parameters ({detail})"
+    if status == 595:  # pveproxy could not reach the node it proxies the call to (AnyEvent::HTTP's 595)
+        reason = getattr(exc, "content", None) or "the node did not answer"
+        return (f"{what}: the cluster cannot reach that node (595 {reason}): it is offline or cut off from the "
+                "cluster; bring it back, or leave out its containers")
     if "CERTIFICATE_VERIFY_FAILED" in text or "SSLError" in text:
         return f"{what}: TLS verification failed ({text.splitlines()[0][:160]}): point validate_certs at the node's CA"
     if "Connection refused" in text or "Max retries" in text:

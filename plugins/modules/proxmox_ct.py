@@ -206,9 +206,14 @@ class ProxmoxContainer:
         self._client = PveClient.connect(p["api_host"], p["api_port"], p["api_user"], p["api_token_id"],
                                          p["api_token_secret"], p["api_password"], p["validate_certs"],
                                          timeout=p["timeout"])  # fmt: skip
-        nodes = [n["node"] for n in self.client.call("Listing the nodes", self.client.api.nodes.get)]
+        listed = self.client.call("Listing the nodes", self.client.api.nodes.get)
+        nodes = [n["node"] for n in listed]
         if self.node not in nodes:
             self.fail(f"Node {self.node!r} is not in the cluster (nodes: {', '.join(nodes)}): fix node.")
+        online = [n["node"] for n in listed if n.get("status", "online") == "online"]
+        if self.node not in online:  # PVE proxies every call about its containers to it: none would get through
+            self.fail(f"Node {self.node!r} is offline in the cluster, so nothing on it can be read or changed: bring "
+                      f"it back, or choose an online node ({', '.join(online) or 'none'}).")  # fmt: skip
         resources = self.client.call("Listing the guests", self.client.api.cluster.resources.get, type="vm")
         self.here = next((r for r in resources if int(r.get("vmid", -1)) == self.vmid), None)
         if self.here and self.here.get("node") != self.node:

@@ -146,7 +146,7 @@ def status_table(stdout: str) -> dict[str, str]:
     return {row[0]: f"{row[1]} {row[2]}" for row in rows}
 
 
-def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
+def test_an_unreachable_node_is_named_and_the_others_finish(fleet, tmp_path):
     hop_pid = LAB_ROOT / "sshd-pve-lab2" / "sshd.pid"
     os.kill(int(hop_pid.read_text().split()[0]), signal.SIGTERM)
     close_ssh_masters(NODES.values())
@@ -165,6 +165,15 @@ def test_an_unreachable_node_is_named_and_the_others_finish(fleet):
         assert status_table(status.stdout) == {"ct131": "pve-lab running", "ct132": "pve-lab2 unreachable",
                                                "ct133": "pve-lab running", "ct134": "pve-lab2 unreachable"}, \
             status.stdout[-3000:]  # fmt: skip
+        # The cluster API sees the node offline (as PVE does); the dynamic inventory still lists its containers,
+        # with the state unknown and a warning, so a run over it names them unreachable and reaches the others.
+        listed, pinged = list_and_ping(dynamic_inventory(tmp_path))
+        data = json.loads(listed.stdout)
+        assert sorted(data["status_unknown"]["hosts"]) == ["ct132", "ct134"], listed.stdout[-3000:]
+        assert data["_meta"]["hostvars"]["ct132"]["proxmox_node_online"] is False
+        assert "node pve-lab2 is offline" in " ".join(listed.stderr.split()), listed.stderr[-2000:]
+        assert pinged.returncode != 0 and pinged.stdout.count("SUCCESS") == 2, pinged.stdout[-3000:]
+        assert "ct132 | UNREACHABLE!" in pinged.stdout and "ct134 | UNREACHABLE!" in pinged.stdout
     finally:
         run_playbook("lab.yml", "--tags", "lab_host_sshd", env=fleet_env(), timeout=900)  # the hop comes back
     assert hop_of("pve-lab2", "pct list").returncode == 0
@@ -206,7 +215,8 @@ def test_a_node_lost_while_its_holders_are_stopped_is_reported_unknown_not_untou
     assert re.search(r"ct134: holders=\d+ .* survivors=0 ", flat(again.stdout)), again.stdout[-3000:]
 
 
-def test_the_inventory_plugin_finds_every_container_of_the_cluster_and_reaches_it(fleet, tmp_path):
+def dynamic_inventory(tmp_path: Path) -> dict[str, str]:
+    """The environment of a run over the fleet lab through the proxmox_ct inventory plugin (the cluster API)."""
     cfg = tmp_path / "fleet.proxmox_ct.yml"
     cfg.write_text(json.dumps({
         "plugin": "eagle3.ops.proxmox_ct", "url": f"https://127.0.0.1:{LAB_API_PORT}", "token_id": "eagle3",
@@ -216,16 +226,24 @@ def test_the_inventory_plugin_finds_every_container_of_the_cluster_and_reaches_i
                     "ansible_ssh_common_args": f"'-o UserKnownHostsFile={LAB_STATE / 'known_hosts'} "
                                                "-o StrictHostKeyChecking=yes'",
                     "ansible_pct_executable": f"'{PCT}'"}}))  # fmt: skip
-    env = ansible_env(ANSIBLE_INVENTORY=str(cfg))
+    return ansible_env(ANSIBLE_INVENTORY=str(cfg))
+
+
+def list_and_ping(env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     listed = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-inventory"), "--list"], env=env, capture_output=True,
                             text=True, timeout=120, check=True)  # fmt: skip
+    pinged = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible"), "-m", "ansible.builtin.ping",
+                             ",".join(f"ct{v}" for v in CONTAINERS)], env=env, capture_output=True, text=True,
+                            timeout=300, check=False)  # fmt: skip
+    return listed, pinged
+
+
+def test_the_inventory_plugin_finds_every_container_of_the_cluster_and_reaches_it(fleet, tmp_path):
+    listed, pinged = list_and_ping(dynamic_inventory(tmp_path))
     data = json.loads(listed.stdout)
     for vmid, node in CONTAINERS.items():
         assert f"ct{vmid}" in data[f"node_{node.replace('-', '_')}"]["hosts"]
         assert data["_meta"]["hostvars"][f"ct{vmid}"]["ansible_port"] == NODES[node]
-    pinged = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible"), "-m", "ansible.builtin.ping",
-                             ",".join(f"ct{v}" for v in CONTAINERS)], env=env, capture_output=True, text=True,
-                            timeout=300, check=False)  # fmt: skip
     assert pinged.returncode == 0 and pinged.stdout.count("SUCCESS") == len(CONTAINERS), pinged.stdout[-3000:]
 
 

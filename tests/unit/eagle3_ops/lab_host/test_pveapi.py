@@ -31,7 +31,12 @@ def _free_port() -> int:
 
 @pytest.fixture
 def api(tmp_path: Path, request):
-    nodes = getattr(request, "param", ["pve-lab"])
+    """The API over a lab root of config files; request.param names the nodes."""
+    yield from _serve(tmp_path, getattr(request, "param", ["pve-lab"]), {})
+
+
+def _serve(tmp_path: Path, nodes: list[str], hops: dict[str, str]):
+    """Serve the API (hops: node -> the pid file of its hop, online while it names a live sshd)."""
     root = tmp_path / "lab"
     conf_dir = root / "pve" / "nodes" / "pve-lab" / "lxc"
     conf_dir.mkdir(parents=True)
@@ -51,7 +56,8 @@ def api(tmp_path: Path, request):
     env = dict(os.environ, EAGLE3_LAB_ROOT=str(root), EAGLE3_LAB_NODE="pve-lab", EAGLE3_LAB_NODES=",".join(nodes),
                EAGLE3_LAB_LXC_PATH=str(tmp_path / "lxc"))  # fmt: skip
     proc = subprocess.Popen([sys.executable, str(PVEAPI), "--port", str(port), "--cert", str(cert), "--key", str(key),
-                             "--tokens", str(tokens)], env=env)  # fmt: skip
+                             "--tokens", str(tokens), *(f"--hop={n}={f}" for n, f in hops.items())],
+                            env=env)  # fmt: skip
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -122,6 +128,9 @@ def test_every_route_is_in_the_published_schema():
     walk(pve_schema())
     for method, _regex, template, _handler in pveapi.Api().routes:
         assert method in index.get(template, {}), f"{method} {template} is not in PVE 9.1.3's API"
+        # PVE proxies exactly these to the node they name (the lab's 595 for an offline node follows it)
+        proxied = index[template][method].get("proxyto") == "node"
+        assert proxied == template.startswith("/nodes/{node}/"), f"{method} {template}: proxyto differs"
 
 
 def _ct(api, capsys, **args):
@@ -168,3 +177,48 @@ def test_a_cluster_answers_for_every_node(api, capsys):
     assert result["msg"] == "VMID 141 is already used by trainer-pve-b on node pve-b: pick another."
     result = _ct(api, capsys, vmid=141, node="pve-b", hostname="trainer-pve-b", memory=2048)
     assert not result.get("failed") and result["changed"] is False
+
+
+@pytest.fixture
+def hop(tmp_path: Path):
+    """A stand-in for node pve-b's hop: a process whose command line names sshd, and its pid file."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "sshd-stand-in"])
+    pidfile = tmp_path / "sshd-pve-b.pid"
+    pidfile.write_text(f"{proc.pid}\n")
+    yield {"proc": proc, "pidfile": pidfile}
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def fleet_api(tmp_path: Path, hop):
+    yield from _serve(tmp_path, ["pve-lab", "pve-b"], {"pve-b": str(hop["pidfile"])})
+
+
+def test_a_node_whose_hop_died_is_offline_as_a_pve_cluster_shows_it(fleet_api, hop, capsys):
+    """While the hop runs the node is online; once it is gone, PVE's picture of a dead node: offline in the lists,
+    its guests still listed (the shared configuration) with the state unknown, and every call PVE proxies to it
+    answered 595; proxmox_ct refuses to act on it, before any change."""
+    _status, body = _get(fleet_api, "/cluster/status")
+    assert [(e["name"], e["online"]) for e in body["data"] if e["type"] == "node"] == [("pve-lab", 1), ("pve-b", 1)]
+    assert _get(fleet_api, "/nodes/pve-b/lxc/141/config")[0] == 200
+    hop["proc"].kill()
+    hop["proc"].wait()
+    _status, body = _get(fleet_api, "/cluster/status")
+    assert [(e["name"], e["online"]) for e in body["data"] if e["type"] == "node"] == [("pve-lab", 1), ("pve-b", 0)]
+    assert body["data"][0]["quorate"] == 0  # one of two votes
+    _status, body = _get(fleet_api, "/nodes")
+    assert [(n["node"], n["status"]) for n in body["data"]] == [("pve-lab", "online"), ("pve-b", "offline")]
+    _status, body = _get(fleet_api, "/cluster/resources")
+    assert {r["id"]: r["status"] for r in body["data"]} == {"node/pve-lab": "online", "node/pve-b": "offline",
+                                                            "lxc/129": "stopped", "lxc/141": "unknown"}  # fmt: skip
+    assert next(r for r in body["data"] if r["id"] == "lxc/141")["name"] == "trainer-pve-b"
+    for path in ("/nodes/pve-b/lxc/141/config", "/nodes/pve-b/lxc", "/nodes/pve-b/lxc/141/status/current"):
+        status, body = _get(fleet_api, path)
+        assert (status, body["message"]) == (595, "No route to host"), path
+    assert _get(fleet_api, "/nodes/pve-lab/lxc/129/config")[0] == 200  # the other node answers
+    result = _ct(fleet_api, capsys, vmid=141, node="pve-b", hostname="trainer-pve-b", memory=4096)
+    assert result["failed"] and result["msg"] == (
+        "Node 'pve-b' is offline in the cluster, so nothing on it can be read or changed: bring it back, or choose "
+        "an online node (pve-lab).")
+    assert "memory: 2048" in (fleet_api["root"] / "pve" / "nodes" / "pve-b" / "lxc" / "141.conf").read_text()

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.modules import ROOT
 
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
@@ -92,3 +94,90 @@ def test_each_node_can_have_its_own_ssh_port(tmp_path):
     inv = build(tmp_path, "hypervisor_port: 2200\nnode_ports: {pve2: 2222}\n")
     hosts = {h.name: h.vars for h in inv.get_hosts()}
     assert hosts["trainer-b"]["ansible_port"] == 2222 and hosts["trainer-a"]["ansible_port"] == 2200
+
+
+def record_warnings(monkeypatch) -> list[str]:
+    """The inventory plugins' warnings, each once (ansible's Display shows a repeated warning only once a process)."""
+    from ansible.plugins import inventory as inventory_plugins
+
+    seen: list[str] = []
+    monkeypatch.setattr(inventory_plugins.display, "warning", lambda msg, *a, **k: seen.append(" ".join(msg.split())))
+    return seen
+
+
+class OfflineNode(Recorded):
+    """The recording with node pve2 dead: /cluster/status says so (or, with announced=False, not yet) and the calls
+    PVE proxies to it fail as pveproxy answers them (595)."""
+
+    def __init__(self, announced: bool = True) -> None:
+        self.announced = announced
+        self.asked: list[str] = []
+
+    def __call__(self, path: str):
+        from proxmoxer.core import ResourceException
+
+        key = path.strip("/")
+        self.asked.append(key)
+        announced = self.announced
+
+        class Resource:
+            def get(self, **params):
+                if key.startswith("nodes/pve2/"):
+                    raise ResourceException(595, "Errors during connection establishment", "No route to host")
+                if key == "cluster/status" and announced:
+                    return [dict(n, online=0) if n.get("name") == "pve2" else n for n in RECORDED[key]]
+                if key == "cluster/resources" and announced:
+                    return [dict(r, status="unknown") if r.get("node") == "pve2" and r["type"] == "lxc" else r
+                            for r in RECORDED[key]]  # fmt: skip
+                return RECORDED[key]
+
+        return Resource()
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["offline in cluster/status", "died since"])
+def test_an_offline_nodes_containers_stay_hosts_with_state_unknown_and_a_warning(tmp_path, monkeypatch, announced):
+    """A node that is down must not take the whole inventory with it: its containers stay hosts (so that a
+    fleet-wide run names them unreachable), with what the cluster still knows (node, tags) and none of what only the
+    node could say (GPUs, lxc lines); the others are as always, and a warning names the node and its containers."""
+    api = OfflineNode(announced)
+    warnings = record_warnings(monkeypatch)
+    plugin_cls = inventory_loader.get("eagle3.ops.proxmox_ct", class_only=True)
+    original = plugin_cls._api
+    plugin_cls._api = lambda self: PveClient(api)
+    cfg = tmp_path / "fleet.proxmox_ct.yml"
+    cfg.write_text("plugin: eagle3.ops.proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\n"
+                   "token_secret: x\ntag_groups: {trainer: trainers, server: servers}\n")  # fmt: skip
+    try:
+        inv = InventoryManager(loader=DataLoader(), sources=[str(cfg)])
+    finally:
+        plugin_cls._api = original
+    hosts = {h.name: h.vars for h in inv.get_hosts()}
+    assert sorted(hosts) == ["server-a", "trainer-a", "trainer-b"]
+    assert hosts["trainer-b"]["proxmox_status"] == "unknown" and hosts["trainer-b"]["proxmox_node_online"] is False
+    assert hosts["trainer-b"]["pct_node"] == "pve2" and hosts["trainer-b"]["ansible_host"] == "10.20.0.12"
+    assert "proxmox_gpu_count" not in hosts["trainer-b"] and "proxmox_lxc" not in hosts["server-a"]
+    assert hosts["trainer-a"]["proxmox_gpu_count"] == 4 and hosts["trainer-a"]["proxmox_node_online"] is True
+    groups = {g: sorted(h.name for h in inv.groups[g].get_hosts()) for g in inv.groups}
+    assert groups["trainers"] == ["trainer-a", "trainer-b"] and groups["gpu8"] == ["trainer-b"]
+    assert groups["status_unknown"] == ["server-a", "trainer-b"] and groups["node_pve2"] == ["server-a", "trainer-b"]
+    if announced:  # nothing is asked of a node the cluster reports offline
+        assert not [p for p in api.asked if p.startswith("nodes/pve2/")]
+    assert len(warnings) == 1
+    assert "node pve2 is offline, so the state and configuration of CT 131, CT 140 on it cannot be read" in warnings[0]
+
+
+def test_a_status_filter_without_unknown_leaves_an_offline_nodes_containers_out_and_says_how_to_keep_them(
+        tmp_path, monkeypatch):  # fmt: skip
+    warnings = record_warnings(monkeypatch)
+    plugin_cls = inventory_loader.get("eagle3.ops.proxmox_ct", class_only=True)
+    original = plugin_cls._api
+    plugin_cls._api = lambda self: PveClient(OfflineNode())
+    cfg = tmp_path / "fleet.proxmox_ct.yml"
+    cfg.write_text("plugin: eagle3.ops.proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\n"
+                   "token_secret: x\nstatus: [running]\n")  # fmt: skip
+    try:
+        inv = InventoryManager(loader=DataLoader(), sources=[str(cfg)])
+    finally:
+        plugin_cls._api = original
+    assert sorted(h.name for h in inv.get_hosts()) == ["trainer-a"]
+    assert len(warnings) == 1 and "add unknown to status to have runs name them unreachable" in warnings[0]

@@ -24,3 +24,17 @@ def test_a_failed_call_is_one_sentence_naming_it():
 
     with pytest.raises(PveError, match=r"^Listing the nodes: the API refused the credentials"):
         PveClient(api=None).call("Listing the nodes", boom)
+
+
+def test_a_call_the_cluster_could_not_proxy_to_its_node_says_so_and_keeps_the_status():
+    from proxmoxer.core import ResourceException
+
+    def offline():  # what proxmoxer raises for pveproxy's answer when the node the call is proxied to is down
+        raise ResourceException(595, "Errors during connection establishment, proxy handshake", "No route to host")
+
+    with pytest.raises(PveError) as err:
+        PveClient(api=None).call("GET nodes/pve2/lxc/131/config", offline)
+    assert err.value.status == 595
+    assert str(err.value) == (
+        "GET nodes/pve2/lxc/131/config: the cluster cannot reach that node (595 No route to host): it is offline or "
+        "cut off from the cluster; bring it back, or leave out its containers")  # not "check api_host and api_port"

@@ -104,8 +104,10 @@ def test_a_second_run_skips_every_stage(trained):
     again = run_playbook(ROOT / "train.yml", "-e", "eagle3_force=true", timeout=900)
     assert recap(again.stdout)["ct129"] == {**recap(again.stdout)["ct129"], "changed": 0, "failed": 0}
     assert "train on ct129: runs (eagle3_force is set)" in flat(again.stdout)
-    # Then the fingerprint alone: one module call, and the play that trains has no host.
-    converged = run_playbook(ROOT / "train.yml", timeout=300)
+    # Then the fingerprint alone: one module call, and the play that trains has no host - also with the settings
+    # only serving reads (the served setting, the router's port), as when one -e goes to both playbooks.
+    converged = run_playbook(ROOT / "train.yml", "-e", "draft_tokens=10", "-e", "eagle3_router_port=30099",
+                             timeout=300)  # fmt: skip
     out = flat(converged.stdout)
     assert "train on ct129: nothing to do (as its last complete run left it" in out, out[-3000:]
     assert "PLAY [Train an EAGLE-3 drafter] * skipping: no hosts matched" in re.sub(r"\*+", "*", out)

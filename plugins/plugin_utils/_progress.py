@@ -100,7 +100,8 @@ def render_status(rows: Mapping[str, Mapping[str, Any]]) -> str:
                       else f"{name} x{serving.get('draft_tokens') or '-'}")  # fmt: skip
         memory = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if gpus else "-"
         watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
-        lines.append(f"{host:<16}{node_of(row)}{row['state']:<13}{len(gpus):>5}  {memory:<22}{watts:<14}"
+        count = len(gpus) if row["state"] == "running" else "-"  # a host not read has GPUs nobody counted
+        lines.append(f"{host:<16}{node_of(row)}{row['state']:<13}{count:>5}  {memory:<22}{watts:<14}"
                      f"{(f'{util:.0f}%' if gpus else '-'):<7}{job:<44}{served}")  # fmt: skip
     for host in sorted(h for h in rows if rows[h].get("router") is not None):
         workers = rows[host]["router"]

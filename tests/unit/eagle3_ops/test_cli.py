@@ -26,7 +26,7 @@ def test_status_table():
     assert "117.2/382.4 GiB" in lines[1] and "1850/2400 W" in lines[1] and "95%" in lines[1]
     assert "#3 seq 16384 running epoch 2/5 step 812" in lines[1] and lines[1].rstrip().endswith("-")
     assert lines[2].rstrip().endswith("kimi-eagle3 x16 accept 2.95")
-    assert lines[3].split() == ["ct131", "unreachable", "0", "-", "-", "-", "-", "-"]
+    assert lines[3].split() == ["ct131", "unreachable", "-", "-", "-", "-", "-", "-"]
     # With the nodes known (pct_node): a NODE column, "-" for a host whose node is not named.
     from eagle3_ops.cli import status_table_rows
 

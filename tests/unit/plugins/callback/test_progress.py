@@ -159,8 +159,8 @@ def test_a_status_run_ends_with_the_fleet_table_naming_the_hosts_it_could_not_re
     assert table[0].split()[:4] == ["HOST", "NODE", "STATE", "GPUS"]
     assert table[1].split()[:4] == ["ct129", "pve-lab", "running", "4"] and "11.7/382.4 GiB" in table[1]
     assert table[2].split()[:3] == ["ct130", "pve-lab", "running"] and table[2].rstrip().endswith("d x16 accept 3.10")
-    assert table[3].split() == ["ct131", "pve-lab2", "unreachable", "0", "-", "-", "-", "-", "-"]
-    assert table[4].split() == ["ct132", "pve-lab2", "failed", "0", "-", "-", "-", "-", "-"]
+    assert table[3].split() == ["ct131", "pve-lab2", "unreachable", "-", "-", "-", "-", "-", "-"]
+    assert table[4].split() == ["ct132", "pve-lab2", "failed", "-", "-", "-", "-", "-", "-"]
 
 
 def test_a_run_that_read_no_status_prints_no_table(callback, cli_args):

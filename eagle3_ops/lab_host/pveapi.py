@@ -10,7 +10,9 @@ A node is online while its ssh hop runs (``--hop NODE=PIDFILE``: the lab's stand
 the cluster); a node without a hop named is always online. As on a PVE cluster, an offline node is ``offline`` in
 ``/nodes`` and ``/cluster/resources`` (``online: 0`` in ``/cluster/status``), its containers are listed from the
 cluster's shared configuration with the status ``unknown``, and every ``/nodes/{node}/...`` call, which PVE proxies
-to that node (``proxyto: node`` in the 9.1.3 schema), fails with pveproxy's ``595 No route to host``.
+to that node (``proxyto: node`` in the 9.1.3 schema), fails with pveproxy's ``595 No route to host``. A cluster
+with half of its nodes or fewer online has no quorum: creating, destroying, reconfiguring or starting a container
+fails with PVE's ``cluster not ready - no quorum?`` (its configuration file system is read-only then).
 
 Every request is appended to ``$EAGLE3_LAB_ROOT/pve/api-requests.jsonl`` (method, path template,
 parameter names and values) so tests can check it against the published API schema.
@@ -123,6 +125,14 @@ def check_node(node: str) -> None:
                        "Name or service not known")  # fmt: skip
     if not node_online(node):
         raise ApiError(595, "No route to host")
+
+
+def check_quorum() -> None:
+    """A change to a guest (create, destroy, config, start): PVE refuses it while the cluster has no quorum, since its
+    configuration file system is read-only then (more than half of the nodes' votes must be online)."""
+    nodes = pct_config.cluster_nodes()
+    if len(nodes) > 1 and 2 * sum(node_online(n) for n in nodes) <= len(nodes):
+        raise ApiError(500, "cluster not ready - no quorum?")
 
 
 def load(vmid: int, node: str) -> pct.CtConfig:
@@ -286,6 +296,7 @@ class Api:
 
     def lxc_create(self, params: dict[str, str], user: str, token: bool, node: str) -> Any:
         check_node(node)
+        check_quorum()
         validate(params, CT_OPTIONS | {"vmid", "ostemplate", "start", "storage", "password", "pool", "unique",
                                        "ssh-public-keys", "node"}, {"vmid", "ostemplate"})  # fmt: skip
         check_root_only(params, user, token)
@@ -302,6 +313,7 @@ class Api:
 
     def lxc_destroy(self, params: dict[str, str], user: str, token: bool, node: str, vmid: str) -> Any:
         check_node(node)
+        check_quorum()
         load(int(vmid), node)
         args = ["destroy", vmid] + (["--force", "1"] if params.get("force") in ("1", "true") else [])
         return start_task(node, "vzdestroy", vmid, user, [args])
@@ -320,6 +332,7 @@ class Api:
             raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
         if not params:
             return None
+        check_quorum()
         proc = run_pct(node, "set", vmid, *option_args(params))
         if proc.returncode != 0:
             raise ApiError(500, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "update failed")
@@ -333,6 +346,8 @@ class Api:
         def handler(params: dict[str, str], user: str, token: bool, node: str, vmid: str) -> Any:
             check_node(node)
             load(int(vmid), node)
+            if action in ("start", "reboot"):
+                check_quorum()
             if action == "reboot":
                 return start_task(node, "vzreboot", vmid, user, [["stop", vmid], ["start", vmid]])
             args = [action, vmid]

@@ -116,6 +116,9 @@ def describe_error(exc: Exception, what: str) -> str:
         reason = getattr(exc, "content", None) or "the node did not answer"
         return (f"{what}: the cluster cannot reach that node (595 {reason}): it is offline or cut off from the "
                 "cluster; bring it back, or leave out its containers")
+    if "no quorum" in text:  # pmxcfs is read-only without quorum: no guest can be created, changed or started
+        return (f"{what}: the cluster has no quorum (more than half of its nodes must be online), so Proxmox refuses "
+                "changes: bring its offline nodes back")
     if "CERTIFICATE_VERIFY_FAILED" in text or "SSLError" in text:
         return f"{what}: TLS verification failed ({text.splitlines()[0][:160]}): point validate_certs at the node's CA"
     if "Connection refused" in text or "Max retries" in text:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -222,3 +223,27 @@ def test_a_node_whose_hop_died_is_offline_as_a_pve_cluster_shows_it(fleet_api, h
         "Node 'pve-b' is offline in the cluster, so nothing on it can be read or changed: bring it back, or choose "
         "an online node (pve-lab).")
     assert "memory: 2048" in (fleet_api["root"] / "pve" / "nodes" / "pve-b" / "lxc" / "141.conf").read_text()
+    # One node of two: no quorum, so PVE refuses changes on the node still up too (its cluster file system is
+    # read-only), and the module says why in one sentence.
+    status, body = _request(fleet_api, "PUT", "/nodes/pve-lab/lxc/129/config", {"memory": "2048"})
+    assert (status, body["message"]) == (500, "cluster not ready - no quorum?")
+    assert "memory: 1024" in fleet_api["conf"].read_text()
+    result = run_module("proxmox_ct", {"api_host": "127.0.0.1", "api_port": fleet_api["port"], "api_token_id": "eagle3",
+                                       "api_token_secret": TOKEN[1], "validate_certs": fleet_api["cert"],
+                                       "node": "pve-lab", "vmid": 129, "state": "present", "hostname": "ct129",
+                                       "memory": 2048}, capsys=capsys)  # fmt: skip
+    assert result["failed"] and "the cluster has no quorum" in result["msg"] and "\n" not in result["msg"]
+    assert "memory: 1024" in fleet_api["conf"].read_text()
+
+
+def _request(api, method: str, path: str, params: dict[str, str]) -> tuple[int, dict]:
+    data = urllib.parse.urlencode(params).encode()
+    req = urllib.request.Request(f"https://127.0.0.1:{api['port']}/api2/json{path}", data=data, method=method,
+                                 headers={"Authorization": f"PVEAPIToken={TOKEN[0]}={TOKEN[1]}",
+                                          "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    ctx = ssl.create_default_context(cafile=api["cert"])
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:  # noqa: S310 -- the test's own server
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -38,3 +38,14 @@ def test_a_call_the_cluster_could_not_proxy_to_its_node_says_so_and_keeps_the_st
     assert str(err.value) == (
         "GET nodes/pve2/lxc/131/config: the cluster cannot reach that node (595 No route to host): it is offline or "
         "cut off from the cluster; bring it back, or leave out its containers")  # not "check api_host and api_port"
+
+
+def test_a_change_refused_for_want_of_quorum_says_what_to_do():
+    from proxmoxer.core import ResourceException
+
+    def inquorate():
+        raise ResourceException(500, "Internal Server Error", "cluster not ready - no quorum?")
+
+    with pytest.raises(PveError, match=r"^Creating CT 171: the cluster has no quorum \(more than half of its nodes "
+                                       r"must be online\), so Proxmox refuses changes: bring its offline nodes back$"):
+        PveClient(api=None).call("Creating CT 171", inquorate)

@@ -72,8 +72,17 @@ def _serve(tmp_path: Path, nodes: list[str], hops: dict[str, str]):
 
 
 def _get(api, path: str, token: tuple[str, str] = TOKEN) -> tuple[int, dict]:
-    req = urllib.request.Request(f"https://127.0.0.1:{api['port']}/api2/json{path}",
-                                 headers={"Authorization": f"PVEAPIToken={token[0]}={token[1]}"})  # fmt: skip
+    return _request(api, "GET", path, None, token)
+
+
+def _request(api, method: str, path: str, params: dict[str, str] | None,
+             token: tuple[str, str] = TOKEN) -> tuple[int, dict]:  # fmt: skip
+    """One call to the test's API (form-encoded params), as (HTTP status, body), errors included."""
+    headers = {"Authorization": f"PVEAPIToken={token[0]}={token[1]}"}
+    if params is not None:
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+    req = urllib.request.Request(f"https://127.0.0.1:{api['port']}/api2/json{path}", method=method, headers=headers,
+                                 data=urllib.parse.urlencode(params).encode() if params is not None else None)
     ctx = ssl.create_default_context(cafile=api["cert"])
     try:
         with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:  # noqa: S310 -- the test's own server
@@ -234,16 +243,3 @@ def test_a_node_whose_hop_died_is_offline_as_a_pve_cluster_shows_it(fleet_api, h
                                        "memory": 2048}, capsys=capsys)  # fmt: skip
     assert result["failed"] and "the cluster has no quorum" in result["msg"] and "\n" not in result["msg"]
     assert "memory: 1024" in fleet_api["conf"].read_text()
-
-
-def _request(api, method: str, path: str, params: dict[str, str]) -> tuple[int, dict]:
-    data = urllib.parse.urlencode(params).encode()
-    req = urllib.request.Request(f"https://127.0.0.1:{api['port']}/api2/json{path}", data=data, method=method,
-                                 headers={"Authorization": f"PVEAPIToken={TOKEN[0]}={TOKEN[1]}",
-                                          "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
-    ctx = ssl.create_default_context(cafile=api["cert"])
-    try:
-        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:  # noqa: S310 -- the test's own server
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())

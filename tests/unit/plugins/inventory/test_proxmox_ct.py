@@ -31,7 +31,8 @@ class Recorded:
         return Resource()
 
 
-def build(tmp_path: Path, extra: str = "") -> InventoryManager:
+def build(tmp_path: Path, extra: str = "", api=None) -> InventoryManager:
+    """The inventory from a configuration (plus extra) over recorded answers (or api, a stand-in of the same kind)."""
     cfg = tmp_path / "fleet.proxmox_ct.yml"
     cfg.write_text(
         "plugin: eagle3.ops.proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\ntoken_secret: x\n"
@@ -39,7 +40,7 @@ def build(tmp_path: Path, extra: str = "") -> InventoryManager:
     )
     plugin_cls = inventory_loader.get("eagle3.ops.proxmox_ct", class_only=True)
     original = plugin_cls._api
-    plugin_cls._api = lambda self: PveClient(Recorded())
+    plugin_cls._api = lambda self: PveClient(api or Recorded())
     try:
         return InventoryManager(loader=DataLoader(), sources=[str(cfg)])
     finally:
@@ -141,16 +142,7 @@ def test_an_offline_nodes_containers_stay_hosts_with_state_unknown_and_a_warning
     node could say (GPUs, lxc lines); the others are as always, and a warning names the node and its containers."""
     api = OfflineNode(announced)
     warnings = record_warnings(monkeypatch)
-    plugin_cls = inventory_loader.get("eagle3.ops.proxmox_ct", class_only=True)
-    original = plugin_cls._api
-    plugin_cls._api = lambda self: PveClient(api)
-    cfg = tmp_path / "fleet.proxmox_ct.yml"
-    cfg.write_text("plugin: eagle3.ops.proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\n"
-                   "token_secret: x\ntag_groups: {trainer: trainers, server: servers}\n")  # fmt: skip
-    try:
-        inv = InventoryManager(loader=DataLoader(), sources=[str(cfg)])
-    finally:
-        plugin_cls._api = original
+    inv = build(tmp_path, api=api)
     hosts = {h.name: h.vars for h in inv.get_hosts()}
     assert sorted(hosts) == ["server-a", "trainer-a", "trainer-b"]
     assert hosts["trainer-b"]["proxmox_status"] == "unknown" and hosts["trainer-b"]["proxmox_node_online"] is False
@@ -169,15 +161,6 @@ def test_an_offline_nodes_containers_stay_hosts_with_state_unknown_and_a_warning
 def test_a_status_filter_without_unknown_leaves_an_offline_nodes_containers_out_and_says_how_to_keep_them(
         tmp_path, monkeypatch):  # fmt: skip
     warnings = record_warnings(monkeypatch)
-    plugin_cls = inventory_loader.get("eagle3.ops.proxmox_ct", class_only=True)
-    original = plugin_cls._api
-    plugin_cls._api = lambda self: PveClient(OfflineNode())
-    cfg = tmp_path / "fleet.proxmox_ct.yml"
-    cfg.write_text("plugin: eagle3.ops.proxmox_ct\nurl: https://pve1.example.org:8006\ntoken_id: eagle3\n"
-                   "token_secret: x\nstatus: [running]\n")  # fmt: skip
-    try:
-        inv = InventoryManager(loader=DataLoader(), sources=[str(cfg)])
-    finally:
-        plugin_cls._api = original
+    inv = build(tmp_path, "status: [running]\n", api=OfflineNode())
     assert sorted(h.name for h in inv.get_hosts()) == ["trainer-a"]
     assert len(warnings) == 1 and "add unknown to status to have runs name them unreachable" in warnings[0]

@@ -8,6 +8,7 @@ beside the one-node lab's tests in the other pytest-xdist worker."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -195,8 +196,15 @@ def test_a_node_lost_while_its_holders_are_stopped_is_reported_unknown_not_untou
             if not killed and line.startswith("TASK [eagle3.ops.gpu_cleanup : Run gpu_cleanup (for real)]"):
                 time.sleep(2)  # the module runs in ct134, in its grace
                 hop = int((LAB_ROOT / "sshd-pve-lab2" / "sshd.pid").read_text().split()[0])
-                subprocess.run(["pkill", "-KILL", "--parent", str(hop)], check=False)
+                sessions = subprocess.run(["pgrep", "--parent", str(hop)], capture_output=True, text=True,
+                                          check=False).stdout.split()  # fmt: skip
+                # The listener first: the sessions' deaths make the play ask ssh anew at once, and a listener
+                # still up for that instant would take the new connection and reset it (the node is gone either
+                # way, but the reason quoted is then "Connection reset", not "Connection refused").
                 os.kill(hop, signal.SIGKILL)
+                for pid in sessions:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
                 killed = True
         out = "".join(lines)
         assert killed and play.wait(timeout=300) != 0, out[-4000:]

@@ -131,8 +131,13 @@ def check_quorum() -> None:
     """A change to a guest (create, destroy, config, start): PVE refuses it while the cluster has no quorum, since its
     configuration file system is read-only then (more than half of the nodes' votes must be online)."""
     nodes = pct_config.cluster_nodes()
-    if len(nodes) > 1 and 2 * sum(node_online(n) for n in nodes) <= len(nodes):
+    if len(nodes) > 1 and not quorate([node_online(n) for n in nodes]):
         raise ApiError(500, "cluster not ready - no quorum?")
+
+
+def quorate(online: list[bool]) -> bool:
+    """Whether the nodes online (one vote each) are more than half of the cluster's."""
+    return 2 * sum(online) > len(online)
 
 
 def load(vmid: int, node: str) -> pct.CtConfig:
@@ -265,7 +270,7 @@ class Api:
         nodes = pct_config.cluster_nodes()
         online = [node_online(n) for n in nodes]
         return ([{"type": "cluster", "id": "cluster", "name": "eagle3lab", "nodes": len(nodes),
-                  "quorate": int(2 * sum(online) > len(nodes)), "version": len(nodes)}] if len(nodes) > 1 else []) + [
+                  "quorate": int(quorate(online)), "version": len(nodes)}] if len(nodes) > 1 else []) + [
             {"type": "node", "name": n, "id": f"node/{n}", "ip": "127.0.0.1", "local": int(n == pct.NODE),
              "online": int(up), "nodeid": i + 1 if len(nodes) > 1 else 0, "level": ""}
             for i, (n, up) in enumerate(zip(nodes, online, strict=True))]  # fmt: skip

@@ -126,11 +126,6 @@ def gpu_indices(config: dict[str, Any]) -> list[int]:
     return sorted(found)
 
 
-def is_unreachable_node(exc: PveError) -> bool:
-    """A call PVE proxied to a node that did not answer (pveproxy's 595: the node is down or cut off)."""
-    return getattr(exc, "status", None) == 595
-
-
 def safe_group(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
@@ -180,7 +175,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 try:
                     config = self._client.get(f"nodes/{res['node']}/lxc/{res['vmid']}/config")
                 except PveError as exc:
-                    if not is_unreachable_node(exc):
+                    if not exc.node_unreachable:
                         raise AnsibleParserError(f"proxmox_ct inventory: {exc}") from exc
                     offline.add(res["node"])
             if config is None:  # the cluster still names it; nothing tells its state

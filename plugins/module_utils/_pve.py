@@ -16,6 +16,9 @@ from typing import Any
 RESTART_KEYS = re.compile(r"^(mp\d+|dev\d+|rootfs|unprivileged|features|arch|ostype)$")
 
 
+NODE_UNREACHABLE = 595  # pveproxy's answer when the node it proxies a call to does not answer (AnyEvent::HTTP's 595)
+
+
 class PveError(Exception):
     """An API call or task that failed; the message names the call and what to do. ``status`` is the HTTP status
     the API answered with, when it answered."""
@@ -23,6 +26,11 @@ class PveError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def node_unreachable(self) -> bool:
+        """A call PVE proxied to a node that did not answer (pveproxy's 595: the node is down or cut off)."""
+        return self.status == NODE_UNREACHABLE
 
 
 def parse_validate_certs(value: Any) -> bool | str:
@@ -112,7 +120,7 @@ def describe_error(exc: Exception, what: str) -> str:
     if errors:
         detail = "; ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
         return f"{what}: the API rejected the parameters ({detail})"
-    if status == 595:  # pveproxy could not reach the node it proxies the call to (AnyEvent::HTTP's 595)
+    if status == NODE_UNREACHABLE:
         reason = getattr(exc, "content", None) or "the node did not answer"
         return (f"{what}: the cluster cannot reach that node (595 {reason}): it is offline or cut off from the "
                 "cluster; bring it back, or leave out its containers")

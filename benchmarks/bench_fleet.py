@@ -21,7 +21,8 @@ benchmark links /usr/sbin/pct to the lab's pct for its duration (only when nothi
 temporary HOME whose known_hosts holds the lab's host keys, so host key checking stays on.
 
 Usage: python benchmarks/bench_fleet.py [--runs 3] [--sizes 1,2,4,8,16] [--deploy-sizes 1,2,4,8,16 | --no-deploy]
-       [--lab-vars inventory/lab/group_vars/all.yml ...] [--nodes pve-lab=10022,pve-lab2=10023] [--state-dir .lab]
+       [--inventory inventory/lab-fleet | --nodes pve-lab=10022,pve-lab2=10023]
+       [--lab-vars inventory/lab/group_vars/all.yml ...] [--state-dir .lab]
 """
 
 from __future__ import annotations
@@ -101,6 +102,20 @@ def inventory(work: Path, nodes: dict[str, int], vmids: list[int], state: Path, 
     return path
 
 
+def inventory_nodes(inv: Path) -> dict[str, int]:
+    """The lab's nodes as the inventory names them (its hypervisors: proxmox_node and the hop's port), templates
+    resolved by Ansible itself, so that a grown lab's inventory is benchmarked over all of its nodes."""
+    proc = subprocess.run([str(BIN / "ansible"), "-i", str(inv), "hypervisors", "-o", "-m", "ansible.builtin.debug",
+                           "-a", "msg={{ proxmox_node }}={{ ansible_port }}"],
+                          cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    pairs = re.findall(r'"msg": "([^"=]+)=(\d+)"', proc.stdout)
+    if proc.returncode != 0 or not pairs:
+        raise SystemExit(f"cannot read the lab's nodes from {inv} (its hypervisors' proxmox_node and ansible_port): "
+                         f"{(proc.stdout + proc.stderr).strip()[-500:]}; name them with --nodes node=port,...")
+    return {node: int(port) for node, port in sorted(pairs, key=lambda pair: int(pair[1]))}  # in the hops' order
+
+
 def no_room(k: int, lxc_path: str) -> str | None:
     """Why this machine cannot hold K deployed bench servers beside what runs now, or None."""
     disk = shutil.disk_usage(lxc_path).free / 2**30
@@ -157,14 +172,17 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,2,4,8,16")
     ap.add_argument("--lab-vars", nargs="+", default=[str(ROOT / "inventory" / "lab" / "group_vars" / "all.yml")],
                     help="the lab's group_vars files (a test or second lab layers its own over the first)")
-    ap.add_argument("--nodes", default=None, help="node=port,... (default: lab_ssh_port and the next port)")
+    ap.add_argument("--inventory", default=str(ROOT / "inventory" / "lab-fleet"),
+                    help="the lab inventory whose nodes (its hypervisors) the bench containers spread over, and whose "
+                         "group_vars deploy.yml runs with (default inventory/lab-fleet; a grown lab's own)")
+    ap.add_argument("--nodes", default=None, help="node=port,... (default: the hypervisors of --inventory)")
     ap.add_argument("--state-dir", help="the lab's key and known_hosts (default .lab; the test lab's is .lab-test)")
     ap.add_argument("--no-peer", action="store_true", help="skip community.proxmox's connection")
     ap.add_argument("--deploy-sizes", default=None,
                     help="K for the converged deploy.yml (default: --sizes; any without room here is named)")
     ap.add_argument("--no-deploy", action="store_true", help="skip the deployed servers and the converged deploy.yml")
-    ap.add_argument("--pipeline-vars", default=str(ROOT / "inventory" / "lab-fleet" / "group_vars"),
-                    help="the group_vars directory whose variables deploy.yml runs with (the fleet lab's)")
+    ap.add_argument("--pipeline-vars", default=None,
+                    help="the group_vars directory whose variables deploy.yml runs with (default: --inventory's)")
     ap.add_argument("--keep", action="store_true", help="leave the bench containers for another run")
     args = ap.parse_args()
     # A stop (SIGTERM) unwinds like Ctrl-C, so the finally below removes the link and the bench containers.
@@ -172,9 +190,9 @@ def main() -> int:
     sizes = [int(k) for k in args.sizes.split(",")]
     deploy_sizes = [] if args.no_deploy else [int(k) for k in (args.deploy_sizes or args.sizes).split(",")]
     variables = lab_vars(args.lab_vars)
-    port = int(variables.get("lab_ssh_port", 10022))
     nodes = dict((pair.split("=")[0], int(pair.split("=")[1])) for pair in args.nodes.split(",")) if args.nodes \
-        else {"pve-lab": port, "pve-lab2": port + 1}  # fmt: skip
+        else inventory_nodes(Path(args.inventory))  # fmt: skip
+    args.pipeline_vars = args.pipeline_vars or str(Path(args.inventory) / "group_vars")
     state = Path(str(variables.get("eagle3_lab_state_dir", ROOT / ".lab")).strip())
     if args.state_dir:
         state = Path(args.state_dir).resolve()
@@ -182,7 +200,7 @@ def main() -> int:
         state = ROOT / ".lab"
     if not (state / "known_hosts").exists():
         raise SystemExit(f"the lab is not up ({state}/known_hosts is missing): "
-                         "ansible-playbook -i inventory/lab-fleet lab.yml")
+                         f"ansible-playbook -i {args.inventory} lab.yml")
     work = Path(tempfile.mkdtemp(prefix="eagle3-bench-fleet-"))
     extra = work / "lab-vars.yml"
     extra.write_text(yaml.safe_dump({k: v for k, v in variables.items() if not str(v).startswith("{{")

@@ -183,7 +183,8 @@ def main() -> int:
     ap.add_argument("--no-deploy", action="store_true", help="skip the deployed servers and the converged deploy.yml")
     ap.add_argument("--pipeline-vars", default=None,
                     help="the group_vars directory whose variables deploy.yml runs with (default: --inventory's)")
-    ap.add_argument("--keep", action="store_true", help="leave the bench containers for another run")
+    ap.add_argument("--keep", action="store_true",
+                    help="leave the bench containers, and their inventories, for another run or a look by hand")
     args = ap.parse_args()
     # A stop (SIGTERM) unwinds like Ctrl-C, so the finally below removes the link and the bench containers.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
@@ -260,7 +261,9 @@ def main() -> int:
             names = list(nodes)
             for i, vmid in enumerate(vmids):
                 hop(nodes, state, names[i % len(names)], f"pct destroy {shlex.quote(str(vmid))} --force 1", check=False)
-        shutil.rmtree(work, ignore_errors=True)  # its inventories, the peer's HOME with the lab's host keys
+            shutil.rmtree(work, ignore_errors=True)  # its inventories, the peer's HOME with the lab's host keys
+        else:
+            print(f"kept: the bench containers, and their inventories under {work}", flush=True)
     base_status, base_cleanup = rows[0][1], rows[0][2]
     print(f"\nfleet-wide runs over K idle containers on {len(nodes)} nodes (medians of {args.runs}; "
           f"{os.cpu_count()} cores)")  # fmt: skip

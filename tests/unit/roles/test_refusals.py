@@ -69,8 +69,13 @@ def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "sr
      "and sglang_router_health_check_interval at least 1 second (got 0)."),
     ("eagle3_train", "preflight.yml", {"eagle3_train_hosts": ["srv", "rtr"], "eagle3_train_leader_timeout": 4},
      "eagle3_train_leader_timeout is 4 s, but a node of a job over several trainers beats every 2 s"),
+    # The router's host never got through the first play (here: it is in no play at all), and its port is closed.
+    ("sglang_serve", "router_check.yml", {"eagle3_router_url": "http://127.0.0.1:9"},
+     "srv cannot reach the router at http://127.0.0.1:9 (Status code was -1 and not [200]: Request failed: <urlopen "
+     "error [Errno 111] Connection refused>): its host rtr did not get through the first play of this run (unreachable "
+     "or failed there), so nothing was switched: bring it back, or put the router on a host that answers"),
 ], ids=["tree-on-reference", "loopback-behind-router", "engine", "draft-tokens", "gpu-count", "gpu-busy",
-        "threshold", "router-health-interval", "node-timeout"])  # fmt: skip
+        "threshold", "router-health-interval", "node-timeout", "router-host-lost"])  # fmt: skip
 def test_a_bad_argument_is_refused_in_its_own_sentence(tmp_path, role, tasks, extra, says):
     message = refusal(tmp_path, role, tasks, extra)
     assert says in message, message

@@ -244,7 +244,27 @@ class Connection(SSHConnection):
             explained = self._explain(rc, err)
             if explained:
                 raise AnsibleConnectionFailure(explained)
+            if not out.strip():
+                # No answer at all (a module prints its result): the container may have stopped under the command (a
+                # `pct stop`, a crash, its node going down) - then the host is gone, not the command failed. One
+                # question to the hypervisor, on this failure path only.
+                self._raise_if_stopped()
         return rc, out, err
+
+    def _raise_if_stopped(self) -> None:
+        """Raise the container as unreachable when the hypervisor says it is not running (a hypervisor that cannot be
+        reached now is unreachable too)."""
+        status = shlex.join([*self._pct_prefix(), "status", self._vmid()])
+        try:
+            rc, out, _err = super().exec_command(status, in_data=None, sudoable=False)
+        except AnsibleConnectionFailure as exc:
+            raise AnsibleConnectionFailure(self._unreachable(exc)) from None
+        said = to_text(out, errors="surrogate_or_replace").strip()
+        if rc == 0 and said.startswith("status:") and said.split(":", 1)[1].strip() != "running":
+            raise AnsibleConnectionFailure(
+                f"{self._where()} stopped during the task ({said}): start it with 'pct start {self._vmid()}' on the "
+                "hypervisor, then rerun."
+            )
 
     # -- the connection API ---------------------------------------------------------------------
 

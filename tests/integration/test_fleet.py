@@ -415,6 +415,9 @@ def test_a_follower_whose_leader_node_dies_stops_and_the_leader_back_without_it_
         log = trainer("ct132", "journalctl", "-u", "eagle3-train", "--no-pager", "-n", "40").stdout
         # (its ranks were stopped by the launcher, or had failed on the lost store already)
         assert "the leader (" in log and "has given no sign of life for 15 s" in log, log
+        # Its record says so, naming the leader's node, whatever its ranks died of (the lost store, or the stop).
+        left = json.loads(follower_attempts.read_text())[-1]
+        assert left["cause"] == "node_gone" and left["node"] == "ct131", left
         # The leader's node comes back and its unit starts the job again (enabled: a node that comes back rejoins
         # its job), but the follower has given up: the leader's attempt would wait at a rendezvous ct132 never
         # joins, and systemd would start it into that wait again. It stops once ct132 is silent for the timeout.

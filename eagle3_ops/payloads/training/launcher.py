@@ -297,6 +297,12 @@ def node_name(state: str) -> str:
     return hosts[rank] if rank is not None and rank < len(hosts) else state
 
 
+def leader_name(state: str) -> str:
+    """The inventory name of the job's leader (the first of the unit's EAGLE3_TRAIN_HOSTS), else its state directory."""
+    hosts = [h for h in os.environ.get("EAGLE3_TRAIN_HOSTS", "").split(",") if h]
+    return hosts[0] if hosts else state
+
+
 def peer_out_of_memory(peers: list[str], n: int) -> str | None:
     """The first follower state whose ranks ran out of memory in attempt ``n`` (waiting PEER_GRACE for them)."""
     deadline = time.monotonic() + (PEER_GRACE if peers else 0)
@@ -322,6 +328,7 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
     _save_attempts(state, attempts)
     threading.Thread(target=beat_forever, args=(state,), daemon=True).start()  # the leader watches it
     left: set[int] = set()  # the leader's attempts this process has joined and seen end
+    joined: list[dict[str, Any]] = []  # this process's records of them
     watch = NodeWatch(leader)
     log(f"following the leader's attempts in {leader}")
 
@@ -335,6 +342,16 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
                 log(f"the leader ({leader}) has given no sign of life for {timeout:.0f} s - its node down or cut off, "
                     "or its unit stopped or failed: stopping; start the job again with train.yml once the leader's "
                     "node is back")  # fmt: skip
+                # The node's verdict on its last attempt (however its ranks ended: a lost store, a signal), so that the
+                # play names the leader's node rather than quoting the ranks' traceback.
+                # (an earlier launch's records stay as they were: a node that joined nothing gets a record of its own)
+                last = joined[-1] if joined else {"n": lead["n"] if lead else 0,
+                                                  "total_seq_len": lead["total_seq_len"] if lead else None}  # fmt: skip
+                if not joined:
+                    attempts.append(last)
+                last.update(ended_as=last.get("cause"), cause="node_gone", node=leader_name(leader), peer=leader,
+                            ended=last.get("ended", time.time()))  # fmt: skip
+                _save_attempts(state, attempts)
                 return EXIT_LEADER_GONE
             time.sleep(FOLLOW_POLL)
             continue
@@ -342,6 +359,7 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
         attempt: dict[str, Any] = {"n": n, "total_seq_len": lead["total_seq_len"], "started": time.time(),
                                    "cause": "running"}  # fmt: skip
         attempts.append(attempt)
+        joined.append(attempt)
         _save_attempts(state, attempts)
         log(f"joining the leader's attempt {n}: total_seq_len={lead['total_seq_len']}")
 

@@ -74,8 +74,11 @@ def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "sr
      "srv cannot reach the router at http://127.0.0.1:9 (Status code was -1 and not [200]: Request failed: <urlopen "
      "error [Errno 111] Connection refused>): its host rtr did not get through the first play of this run (unreachable "
      "or failed there), so nothing was switched: bring it back, or put the router on a host that answers"),
+    # A run limited to the servers (--limit) tells nothing of the router's host: the URL and the router are named.
+    ("sglang_serve", "router_check.yml", {"eagle3_router_url": "http://127.0.0.1:9", "ansible_limit": "srv"},
+     "Connection refused>): fix eagle3_router_url (or the router host's eagle3_address) and check that the router runs"),
 ], ids=["tree-on-reference", "loopback-behind-router", "engine", "draft-tokens", "gpu-count", "gpu-busy",
-        "threshold", "router-health-interval", "node-timeout", "router-host-lost"])  # fmt: skip
+        "threshold", "router-health-interval", "node-timeout", "router-host-lost", "router-url"])  # fmt: skip
 def test_a_bad_argument_is_refused_in_its_own_sentence(tmp_path, role, tasks, extra, says):
     message = refusal(tmp_path, role, tasks, extra)
     assert says in message, message

@@ -271,7 +271,8 @@ def test_a_follower_node_joins_each_attempt_and_its_out_of_memory_backs_the_lead
     assert not (tmp_path / "state" / "node-1" / "result.json").exists()  # one result, the leader's
 
 
-def follower_of(tmp_path: Path, attempts: list[dict], trainer: list[str], *options: str) -> subprocess.Popen:
+def follower_of(tmp_path: Path, attempts: list[dict], trainer: list[str], *options: str,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
     """A follower launcher of the leader state tmp_path/state (holding ``attempts``) running ``trainer``."""
     leader_state = tmp_path / "state"
     leader_state.mkdir()
@@ -280,7 +281,7 @@ def follower_of(tmp_path: Path, attempts: list[dict], trainer: list[str], *optio
            "--state", str(leader_state / "node-1"), "--follow", str(leader_state), *options, "--start", "8192",
            "--", sys.executable, *trainer]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
 
 
 def leader_of(tmp_path: Path, followers: int, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -353,7 +354,8 @@ def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_g
     leader_state = tmp_path / "state"
     # The leader runs attempt 1 (its ranks wait at their rendezvous, as ours do): the follower joins it.
     follower = follower_of(tmp_path, [{"n": 1, "total_seq_len": 8192, "cause": "running"}],
-                           ["-c", "import time; time.sleep(99)", "{total_seq_len}"], "--leader-timeout", "2")
+                           ["-c", "import time; time.sleep(99)", "{total_seq_len}"], "--leader-timeout", "2",
+                           env={"EAGLE3_TRAIN_HOSTS": "ct131,ct132"})  # fmt: skip
     beating = beat_in(leader_state)
     reap(follower)
     time.sleep(5)  # beyond the timeout: a leader that beats is waited for, however long its attempt
@@ -362,8 +364,11 @@ def test_a_follower_waits_while_the_leader_beats_and_leaves_an_attempt_once_it_g
     out, _ = follower.communicate(timeout=30)
     assert follower.returncode == 4, out
     assert "went silent: stopping this node's trainer" in out and "no sign of life for 2 s" in out
+    # The node's verdict on the attempt it left: the leader's node named (the unit's EAGLE3_TRAIN_HOSTS), the
+    # attempt's own ending kept.
     mine = json.loads((leader_state / "node-1" / "attempts.json").read_text())
-    assert mine[-1]["n"] == 1 and mine[-1]["cause"] == "signal SIGTERM"
+    assert {k: mine[-1].get(k) for k in ("n", "cause", "node", "ended_as")} == {
+        "n": 1, "cause": "node_gone", "node": "ct131", "ended_as": "signal SIGTERM"}, mine  # fmt: skip
 
 
 def test_a_leader_waits_while_its_followers_beat_and_stops_the_job_naming_the_node_that_goes_silent(tmp_path, reap):

@@ -261,3 +261,30 @@ def test_an_unreachable_hypervisor_with_ssh_s_reason_is_not_asked_again(tmp_path
     reason = SILENT + "ssh: connect to host pve1.example.org port 22: No route to host"
     assert conn._unreachable(AnsibleConnectionFailure(reason)).endswith(": No route to host")
     assert not (tmp_path / "argv").exists()
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "gone"),
+    [((1, b"", b""), "stopped", True),  # the container stopped under the command: the host is gone
+     ((1, b"", b""), "running", False),  # no output, but the container runs: the command's own failure
+     ((1, b'{"failed": true}', b""), "stopped", False)],  # an answer is an answer: no question asked
+    ids=["stopped", "running", "answered"],
+)  # fmt: skip
+def test_a_container_that_stops_under_a_command_is_unreachable_not_a_module_failure(monkeypatch, answer, status, gone):
+    asked: list[str] = []
+
+    def ssh_exec(self, cmd, in_data=None, sudoable=True):
+        asked.append(cmd)
+        return answer if " exec " in f" {cmd} " else (0, f"status: {status}\n".encode(), b"")
+
+    conn = make(node="pve1")
+    # The ssh plugin's exec_command, which the pct connection extends (nothing reaches ssh).
+    monkeypatch.setattr(type(conn).__mro__[1], "exec_command", ssh_exec)
+    if gone:
+        with pytest.raises(AnsibleConnectionFailure, match=r"CT 129 on node pve1 \(hypervisor pve1.example.org\) "
+                           r"stopped during the task \(status: stopped\): start it with 'pct start 129'"):
+            conn.exec_command("python3 module")
+    else:
+        assert conn.exec_command("python3 module") == answer
+    assert len(asked) == (1 if answer[1] else 2), asked
+    assert asked[-1] == ("pct status 129" if not answer[1] else asked[0])

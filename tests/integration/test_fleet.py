@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -395,20 +396,31 @@ def test_a_follower_whose_leader_node_dies_stops_and_the_leader_back_without_it_
     # A job over both trainers, started without waiting; then the leader's whole container goes down mid-attempt
     # (its ranks vanish without closing a connection, as when a node loses power): the follower must not wait for
     # gloo's own timeout nor for eagle3_train_timeout - it stops once the leader's heartbeat is silent.
+    # The play waits for the job, as a user's does: the leader's host must come out of it UNREACHABLE in the
+    # connection's sentence (not failed on its wait's own condition), and the follower's failure must name that node.
     run_dir = f"{FLEET_RUN}/train-dies"
-    start = run_playbook("train.yml", *TRAIN, "--tags", "train", "-e", "eagle3_train_wait=false", "-e",
-                         f"eagle3_train_dir={run_dir}", "-e", "eagle3_train_leader_timeout=15", env=fleet_env(),
-                         timeout=1200, check=False)  # fmt: skip
-    assert start.returncode == 0, start.stdout[-5000:]
+    pool = ThreadPoolExecutor(1)
+    play = pool.submit(run_playbook, "train.yml", *TRAIN, "--tags", "train", "-e", f"eagle3_train_dir={run_dir}", "-e",
+                       "eagle3_train_leader_timeout=15", env=fleet_env(), timeout=1200, check=False)  # fmt: skip
     follower_attempts = on_share(run_dir) / "state" / "node-1" / "attempts.json"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and '"running"' not in (follower_attempts.read_text()
-                                                              if follower_attempts.exists() else ""):
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not play.done() and '"running"' not in (
+            follower_attempts.read_text() if follower_attempts.exists() else ""):  # fmt: skip
         time.sleep(0.5)
-    assert '"running"' in follower_attempts.read_text(), "the follower joined no attempt"
+    joined = follower_attempts.read_text() if follower_attempts.exists() else ""
+    assert '"running"' in joined, ("the follower joined no attempt", play.done() and play.result().stdout[-5000:])
     try:
         node_pct("pve-lab", "stop", "131")  # no clean shutdown: lxc-stop's immediate kill
         state, waited = when_stopped("ct132", "eagle3-train")
+        proc = play.result(timeout=300)
+        out = flat(proc.stdout)
+        lost = recap(proc.stdout)["ct131"]
+        assert lost["unreachable"] == 1 and lost["failed"] == 0, out[-5000:]
+        assert re.search(r"fatal: \[ct131\]: UNREACHABLE! .*CT 131 on node pve-lab \(hypervisor [^)]*\) "
+                         r"(stopped during the task|is not running)", out), out[-5000:]  # fmt: skip
+        assert recap(proc.stdout)["ct132"]["failed"] == 1, out[-5000:]
+        assert ("ct131, a node of this job, gave no sign of life for 15 s (its node down or cut off, or its unit "
+                "stopped), so the job stopped without a result") in out, out[-5000:]  # fmt: skip
         # exit 4 is in RestartPreventExitStatus: the unit stays failed, the play's wait names it
         assert state["ActiveState"] == "failed" and state["ExecMainStatus"] == "4", state
         assert waited < 15 + 30, f"the follower stopped {waited:.0f} s after its leader's node (timeout 15 s)"
@@ -429,6 +441,7 @@ def test_a_follower_whose_leader_node_dies_stops_and_the_leader_back_without_it_
         assert tried[-1]["cause"] == "node_gone" and tried[-1]["node"] == "ct132", tried
         assert tried[-2]["cause"] == "interrupted"  # the attempt its node's death ended
     finally:
+        pool.shutdown(wait=True)
         # ct132 first: a failed unit stays loaded with its definition, which the next test's job must not inherit;
         # and it starts at boot, which a later test's restart of ct132 must not do.
         trainer("ct132", "systemctl", "reset-failed", "eagle3-train", check=False)

@@ -76,7 +76,8 @@ def refusal(tmp_path: Path, role: str, tasks: str, extra: dict, hosts: str = "sr
      "or failed there), so nothing was switched: bring it back, or put the router on a host that answers"),
     # A run limited to the servers (--limit) tells nothing of the router's host: the URL and the router are named.
     ("sglang_serve", "router_check.yml", {"eagle3_router_url": "http://127.0.0.1:9", "ansible_limit": "srv"},
-     "Connection refused>): fix eagle3_router_url (or the router host's eagle3_address) and check that the router runs"),
+     "Connection refused>): fix eagle3_router_url (or the router host's eagle3_address) and check that the router "
+     "runs"),
 ], ids=["tree-on-reference", "loopback-behind-router", "engine", "draft-tokens", "gpu-count", "gpu-busy",
         "threshold", "router-health-interval", "node-timeout", "router-host-lost", "router-url"])  # fmt: skip
 def test_a_bad_argument_is_refused_in_its_own_sentence(tmp_path, role, tasks, extra, says):

@@ -583,6 +583,34 @@ def test_a_changed_multi_node_job_restarts_on_every_node_then_cleanup_of_one_tra
         assert trainer(host, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader").stdout.strip() == ""
 
 
+def test_cleanup_stops_a_multi_node_job_here_when_its_other_node_is_dead(fleet_run):
+    # The job runs over both trainers; ct132's container dies (its node's hop still answers). A cleanup of ct131 must
+    # stop the job there - a delegated task that finds ct132 unreachable would otherwise take ct131 out of the run
+    # before its own stop - and say that ct132's part was not told to stop.
+    train_dir = f"{FLEET_RUN}/train-dead-peer"
+    run = run_playbook("train.yml", *TRAIN, "--tags", "train", "-e", "eagle3_train_wait=false", "-e",
+                       f"eagle3_train_dir={train_dir}", "-e", "eagle3_train_epochs=50", env=fleet_env(), timeout=1200,
+                       check=False)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert all(both_hold_their_gpu()), "the job's ranks never held both GPUs"
+    try:
+        node_pct("pve-lab2", "stop", "132")  # no clean shutdown: lxc-stop's immediate kill
+        proc = run_playbook("cleanup.yml", "--limit", "ct131", env=fleet_env(), timeout=600, check=False)
+        out = flat(proc.stdout)
+        here = recap(proc.stdout)["ct131"]
+        assert here["unreachable"] == 0 and here["failed"] == 0, out[-4000:]
+        assert re.search(r"ct131: holders=\d+ .* survivors=0 .*; eagle3-train.service NOT STOPPED on ct132 "
+                         r"\(unreachable\)", out), out[-4000:]  # fmt: skip
+        assert "WARNING: eagle3-train.service on ct132 could not be told to stop (ct132 is unreachable" in out
+        assert trainer("ct131", "systemctl", "is-active", "eagle3-train", check=False).stdout.strip() == "inactive"
+        assert trainer("ct131", "systemctl", "is-enabled", "eagle3-train", check=False).stdout.strip() == "disabled"
+        assert trainer("ct131", "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader").stdout.strip() == ""
+    finally:
+        restart_container("pve-lab2", 132)
+        trainer("ct132", "systemctl", "disable", "--now", "eagle3-train", check=False)
+        trainer("ct132", "systemctl", "reset-failed", "eagle3-train", check=False)
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -136,3 +136,33 @@ def test_a_server_whose_torch_sees_the_gpus_passes_the_driver_check(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "Ask the environment's torch whether it sees CUDA" in proc.stdout
     assert "failed=0" in proc.stdout
+
+
+def test_a_lost_router_host_is_named_not_the_server_reported_unreachable(tmp_path):
+    # The server's step through the router's host (delegated there) finds that host unreachable (a closed loopback
+    # port): the server fails naming the router's host, instead of coming out UNREACHABLE itself.
+    (tmp_path / "hosts.json").write_text(json.dumps({"all": {"children": {
+        "routers": {"hosts": {"rtr": {"ansible_host": "127.0.0.1", "ansible_port": 9, "ansible_connection": "ssh"}}},
+        "servers": {"hosts": {"srv": {"ansible_connection": "local",
+                                      "ansible_python_interpreter": sys.executable}}}}}}))  # fmt: skip
+    (tmp_path / "play.yml").write_text("""- name: One server leaves the router
+  hosts: srv
+  gather_facts: false
+  roles:
+    - role: eagle3.ops.eagle3_common
+  tasks:
+    - name: The router role's worker step
+      ansible.builtin.include_role:
+        name: eagle3.ops.sglang_router
+        tasks_from: worker.yml
+      vars:
+        sglang_router_worker_url: http://127.0.0.1:9
+        sglang_router_worker_state: absent
+""")
+    proc = run_playbook(tmp_path / "play.yml", "-i", str(tmp_path / "hosts.json"), "-e", "eagle3_target_path=/srv/t",
+                        check=False, env=ansible_env(ANSIBLE_INVENTORY=str(tmp_path / "hosts.json")), timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "srv                        : ok=2    changed=0    unreachable=0    failed=1" in proc.stdout, proc.stdout
+    assert ("The router's host rtr cannot be reached to take srv out of the router (Task failed: Failed to connect "
+            "to the host via ssh: ssh: connect to host 127.0.0.1 port 9: Connection refused): bring it back, then "
+            "rerun deploy.yml.") in proc.stdout + proc.stderr, proc.stdout[-2000:]

@@ -288,10 +288,15 @@ def cause_of(rc: int, tail: str) -> str:
     return "error"
 
 
+def train_hosts() -> list[str]:
+    """The job's trainers in rank order, as the unit names them (EAGLE3_TRAIN_HOSTS; none outside a unit)."""
+    return [h for h in os.environ.get("EAGLE3_TRAIN_HOSTS", "").split(",") if h]
+
+
 def node_name(state: str) -> str:
     """The inventory name of the node whose launcher keeps STATE (node-K: the job's K-th trainer, from the
     unit's EAGLE3_TRAIN_HOSTS), else the directory itself."""
-    hosts = [h for h in os.environ.get("EAGLE3_TRAIN_HOSTS", "").split(",") if h]
+    hosts = train_hosts()
     base = os.path.basename(os.path.normpath(state))
     rank = int(base[5:]) if base.startswith("node-") and base[5:].isdigit() else None
     return hosts[rank] if rank is not None and rank < len(hosts) else state
@@ -299,7 +304,7 @@ def node_name(state: str) -> str:
 
 def leader_name(state: str) -> str:
     """The inventory name of the job's leader (the first of the unit's EAGLE3_TRAIN_HOSTS), else its state directory."""
-    hosts = [h for h in os.environ.get("EAGLE3_TRAIN_HOSTS", "").split(",") if h]
+    hosts = train_hosts()
     return hosts[0] if hosts else state
 
 
@@ -327,8 +332,7 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
     """
     _save_attempts(state, attempts)
     threading.Thread(target=beat_forever, args=(state,), daemon=True).start()  # the leader watches it
-    left: set[int] = set()  # the leader's attempts this process has joined and seen end
-    joined: list[dict[str, Any]] = []  # this process's records of them
+    joined: list[dict[str, Any]] = []  # this process's records of the leader's attempts it joined (each seen to end)
     watch = NodeWatch(leader)
     log(f"following the leader's attempts in {leader}")
 
@@ -337,7 +341,7 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
             log("the leader has its result: done")
             return 0
         lead = _running(leader)
-        if lead is None or lead["n"] in left:
+        if lead is None or any(mine["n"] == lead["n"] for mine in joined):
             if watch.silent_for() > timeout:  # also after an attempt the leader's death ended (it stays "running")
                 log(f"the leader ({leader}) has given no sign of life for {timeout:.0f} s - its node down or cut off, "
                     "or its unit stopped or failed: stopping; start the job again with train.yml once the leader's "
@@ -372,7 +376,6 @@ def follow(leader: str, state: str, attempts: list[dict[str, Any]], template: li
         rc, tail = run_attempt(command(template, lead), os.path.join(state, f"attempt-{n}.log"), abandoned)
         finish(attempt, rc, tail)
         _save_attempts(state, attempts)
-        left.add(n)
         if STOPPING.is_set():
             log(f"stopped during attempt {n}")
             return 128 + signal.SIGTERM

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import _peer  # benchmarks/_peer.py: the peer's paramiko, apart from the project's environment
 import yaml
+from _record import record  # benchmarks/_record.py
 
 from eagle3_ops.recap import converged
 
@@ -183,6 +184,8 @@ def main() -> int:
     ap.add_argument("--no-deploy", action="store_true", help="skip the deployed servers and the converged deploy.yml")
     ap.add_argument("--pipeline-vars", default=None,
                     help="the group_vars directory whose variables deploy.yml runs with (default: --inventory's)")
+    ap.add_argument("--record", default=None, help="the results file (default benchmarks/results/bench_fleet.jsonl; "
+                    "an empty value records nothing)")
     ap.add_argument("--keep", action="store_true",
                     help="leave the bench containers, and their inventories, for another run or a look by hand")
     args = ap.parse_args()
@@ -292,6 +295,10 @@ def main() -> int:
             print(f"{k:>3} {took:>9.1f} {times_one:>6} {per_added:>8} "
                   f"{f'{took / floor_s:.1f}' if floor_s else '-':>13}")  # fmt: skip
     print(json.dumps({"rows": rows, "deploy": deploy_rows, "first_deploy": first_deploy}))
+    table = [{"K": k, "status s": status, "cleanup s": cleanup, "peer status s": peer, "floor s": low,
+              "status/floor": status / low, "cleanup/floor": cleanup / low} for k, status, cleanup, peer, low in rows]
+    table += [{"K": k, "converged deploy s": took, "why not": why} for k, took, why in deploy_rows]
+    record("bench_fleet", table, note=f"medians of {args.runs}; {len(nodes)} nodes", path=args.record)
     return 0
 
 

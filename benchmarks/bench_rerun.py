@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _record import record  # benchmarks/_record.py (this script's directory is on sys.path)
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -109,6 +111,8 @@ def main() -> int:
     ap.add_argument("--switch", default="16,10", help="A,B: the setting served, and the one switched to and back")
     ap.add_argument("--skip-train", action="store_true", help="no train.yml")
     ap.add_argument("--skip-lab", action="store_true", help="no lab.yml")
+    ap.add_argument("--record", default=None, help="the results file (default benchmarks/results/bench_rerun.jsonl; "
+                    "an empty value records nothing)")
     args = ap.parse_args()
     first, second = (int(x) for x in args.switch.split(","))
     inv = args.inventory
@@ -154,6 +158,10 @@ def main() -> int:
           "engine part)")  # fmt: skip
     print(f"  check: the engine alone {engine_alone:4.1f} s  (one task restarting the unit and polling /health: "
           f"{engine_s:.1f} s, less the floor {floor:.1f} s); the whole switch less it: {whole - engine_alone:.1f} s")
+    table = [{"run": name, "converged s": converged, "forced s": forced, "floor s": floor_s}
+             for name, converged, forced, floor_s in rows]  # fmt: skip
+    table.append({"run": f"switch {first}<->{second}", "whole s": whole, "engine s": in_switch, "Ansible s": share})
+    record("bench_rerun", table, note=f"medians of {args.runs}; {inv}", path=args.record)
     return 0
 
 

@@ -1,9 +1,7 @@
 # Copyright: eagle3-ops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The controller's half of eagle3.ops.stage_stamp: digests of the stage's variables, controller files and the
-collection itself, computed once per check and handed to the host's half, which compares them with the host's stamp.
-A check (read-only, every playbook's first call on every host) runs on the host as one short script
-(plugin_utils/_probe.py) where it can, the module otherwise; a record, which writes, is always the module."""
+collection itself, computed once per check and handed to the module, which compares them with the host's stamp."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ from typing import Any
 
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
-from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC, digest, file_digest
-from ansible_collections.eagle3.ops.plugins.plugin_utils import _probe
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import digest, file_digest
 from ansible_collections.eagle3.ops.plugins.plugin_utils._collection import collection_digest
 
 # Never fingerprinted, whatever the patterns say: a digest of a short secret can be guessed.
@@ -55,15 +52,5 @@ class ActionModule(ActionBase):
                 controller[f"file:{path}"] = file_digest(os.path.expanduser(str(path)))
             controller["collection"] = collection_digest()
             args["controller"] = controller
-        answer = None
-        if args.get("state", "check") == "check":
-            params, error = _probe.validated(ARGUMENT_SPEC, args)
-            if params is None:
-                result.update(failed=True, msg=f"stage_stamp: {error}")
-                return result
-            answer = _probe.run(self, task_vars, ("_router", "_stamp"), "_stamp", "check", params,
-                                _probe.path_options(ARGUMENT_SPEC))  # fmt: skip
-        if answer is None:
-            answer = self._execute_module(module_name="eagle3.ops.stage_stamp", module_args=args, task_vars=task_vars)
-        result.update(answer)
+        result.update(self._execute_module(module_name="eagle3.ops.stage_stamp", module_args=args, task_vars=task_vars))
         return result

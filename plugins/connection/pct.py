@@ -14,9 +14,10 @@ description:
     host key checking and pipelining all work as they do for plain ssh. The ssh target is the
     hypervisor, so C(ansible_host), C(ansible_port) and C(ansible_user) (or the C(pct_hypervisor_*)
     variables) name the node's address, port and user.
-  - Files are streamed through the same ssh channel and written by a process inside the container, so
-    a symlink in the container can never redirect a write onto the hypervisor; memory use is constant
-    whatever the file size.
+  - Files travel in pieces of at most 8 MiB through the ssh connection's own C(exec_command) (its retries, its password
+    handling) and are written by a process inside the container, so a symlink in the container can never redirect a
+    write onto the hypervisor; memory use is constant whatever the file size.
+  - Uses only the public API of ansible-core's ssh connection (its options and C(exec_command)).
 version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 extends_documentation_fragment:
@@ -85,9 +86,9 @@ notes:
   - The hypervisor user's login shell parses the command line, so it must be POSIX (sh, bash, dash, zsh).
   - C(meta reset_connection) stops the ControlPersist master of the hypervisor, which every container
     of that hypervisor shares.
-  - A hypervisor that is not reached is named with its container and node. When ssh gave no reason (the shared master
-    died with its node, and the command's ssh exited before it read anything), ssh is asked once more over a new
-    connection of its own, with the same options and no prompt, and what it says ends the message.
+  - A hypervisor that is not reached is named with its container and node, and ssh is asked once more over a new
+    connection of its own (the shared master may be what died), with the same options, host key checking as
+    configured and no prompt; what it says ends the message. This costs one more connection on the failure path only.
 """
 
 EXAMPLES = r"""
@@ -118,17 +119,13 @@ import typing as t
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection.ssh import Connection as SSHConnection
-from ansible.plugins.connection.ssh import _ssh_retry
 from ansible.utils.display import Display
 
 display = Display()
 
-# Bytes per read of a streamed fetch, and per piece of a transfer with a password (through ssh's _run).
-CHUNK = 1 << 20
-# ansible-core's ssh connection words a failed write of the pipelined module so, with ssh's stderr after "ssh:" and
-# the write's own error after "SSH:" (ansible-core's message then names its cause): no reason of ssh's when ssh exited
-# before it read the module, e.g. when the master it shared was gone, or it refused the host key at once.
-_NO_CAUSE = re.compile(r"reached over (?:ssh:|SSH[.:])\s*(?:\[Errno \d+\][^\n]*)?$")
+# Bytes per piece of a file transfer: each piece is one exec_command of the ssh connection (its retries, its password
+# handling), so memory stays bounded whatever the file's size.
+CHUNK = 8 << 20
 _PCT_MISSING = re.compile(rb"(^|\s|:)\S*pct: (command )?not found|pct: No such file or directory")
 
 
@@ -176,7 +173,8 @@ class Connection(SSHConnection):
     # -- failure translation --------------------------------------------------------------------
 
     def _explain(self, rc: int, stderr: bytes) -> str | None:
-        """A one-sentence explanation when the failure came from pct/sudo rather than the command."""
+        """A one-sentence explanation when the failure came from pct/sudo rather than the command (their own words on
+        the hypervisor, which Proxmox's pct and sudo print)."""
         vmid = self.get_option("vmid")
         text = to_text(stderr, errors="surrogate_or_replace")
         if "does not exist" in text and f"lxc/{vmid}.conf" in text:
@@ -207,39 +205,55 @@ class Connection(SSHConnection):
 
     def _unreachable(self, exc: Exception) -> str:
         """The sentence for a hypervisor command whose connection failed: pct's or sudo's own failure explained, else
-        the hypervisor named as not reached (when ssh said nothing why, ssh is asked once more)."""
+        the hypervisor named as not reached, with what a new connection of its own says."""
         explained = self._explain(255, to_bytes(str(exc)))
         if explained:
             return explained
-        text = str(exc).rstrip()
-        if _NO_CAUSE.search(text):
-            text = f"{text} {self._ask_ssh()}"
-        return f"Cannot reach the hypervisor of {self._where()}: {text}"
+        return f"Cannot reach the hypervisor of {self._where()}: {str(exc).rstrip()} {self._ask_ssh()}"
+
+    def ask_argv(self) -> list[str]:
+        """ssh's command line for one new connection of its own to the hypervisor, from the ssh connection's documented
+        options: no shared master (ControlPath=none, first, as ssh takes an option's first value), no prompt, host key
+        checking, port, user, key, timeout and the user's ssh arguments as configured."""
+        argv = [str(self.get_option("ssh_executable") or "ssh"), "-o", "ControlPath=none", "-o", "BatchMode=yes"]
+        for name in ("ssh_args", "ssh_common_args", "ssh_extra_args"):
+            argv += shlex.split(str(self.get_option(name) or ""))
+        if self.get_option("host_key_checking") is False:
+            argv += ["-o", "StrictHostKeyChecking=no"]
+        for option, name in (("Port", "port"), ("User", "remote_user"), ("IdentityFile", "private_key_file"),
+                             ("ConnectTimeout", "timeout")):  # fmt: skip
+            value = self.get_option(name)
+            if value not in (None, ""):
+                argv += ["-o", f"{option}={os.path.expanduser(str(value)) if name == 'private_key_file' else value}"]
+        return [*argv, str(self.host), "true"]
 
     def _ask_ssh(self) -> str:
         """Why ssh cannot reach the hypervisor, from one new connection of its own (not the shared master, which may be
-        what died), with the play's options: host key checking and timeout as configured, no prompt."""
+        what died), with the play's options and no prompt."""
         if self._uses_password():
-            return "(ssh gave no reason: run the play with -vvv to see ssh's own messages)"
-        argv = self._build_command(self.get_option("ssh_executable"), "ssh", self.host, "true")
-        argv = [argv[0], b"-o", b"ControlPath=none", b"-o", b"BatchMode=yes", *argv[1:]]  # ssh takes an option's first
+            return "(a new connection is not tried with a password: run the play with -vvv to see ssh's own messages)"
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False,
+            proc = subprocess.run(self.ask_argv(), stdin=subprocess.DEVNULL, capture_output=True, check=False,
                                   timeout=int(self.get_option("timeout") or 10) + 20)  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"(ssh gave no reason, and a new connection got no answer either: {exc})"
+            return f"(a new connection got no answer either: {exc})"
         if proc.returncode == 0:
-            return ("(ssh gave no reason, and a new connection reaches the hypervisor: the connection broke during the "
-                    "task, e.g. the node's sshd or network went away and came back)")  # fmt: skip
+            return ("(a new connection reaches the hypervisor: the connection broke during the task, e.g. the node's "
+                    "sshd or network went away and came back)")  # fmt: skip
         lines = [line.strip() for line in to_text(proc.stderr, errors="surrogate_or_replace").splitlines()]
         said = [line for line in lines if line] or [f"ssh exited {proc.returncode}"]
-        return f"(ssh gave no reason; a new connection says: {said[-1]})"
+        return f"(a new connection says: {said[-1]})"
 
-    def _run_checked(self, remote: str, in_data: bytes | None, sudoable: bool) -> tuple[int, bytes, bytes]:
+    def _hop(self, remote: str, in_data: bytes | None, sudoable: bool = False) -> tuple[int, bytes, bytes]:
+        """One hypervisor command through the ssh connection's public exec_command (its retries and password
+        handling); a connection failure left after the retries is the hypervisor not reached, in one sentence."""
         try:
-            rc, out, err = super().exec_command(remote, in_data=in_data, sudoable=sudoable)
+            return super().exec_command(remote, in_data=in_data, sudoable=sudoable)
         except AnsibleConnectionFailure as exc:
             raise AnsibleConnectionFailure(self._unreachable(exc)) from None
+
+    def _run_checked(self, remote: str, in_data: bytes | None, sudoable: bool) -> tuple[int, bytes, bytes]:
+        rc, out, err = self._hop(remote, in_data, sudoable)
         if rc != 0:
             explained = self._explain(rc, err)
             if explained:
@@ -254,11 +268,7 @@ class Connection(SSHConnection):
     def _raise_if_stopped(self) -> None:
         """Raise the container as unreachable when the hypervisor says it is not running (a hypervisor that cannot be
         reached now is unreachable too)."""
-        status = shlex.join([*self._pct_prefix(), "status", self._vmid()])
-        try:
-            rc, out, _err = super().exec_command(status, in_data=None, sudoable=False)
-        except AnsibleConnectionFailure as exc:
-            raise AnsibleConnectionFailure(self._unreachable(exc)) from None
+        rc, out, _err = self._hop(shlex.join([*self._pct_prefix(), "status", self._vmid()]), None)
         said = to_text(out, errors="surrogate_or_replace").strip()
         if rc == 0 and said.startswith("status:") and said.split(":", 1)[1].strip() != "running":
             raise AnsibleConnectionFailure(
@@ -274,60 +284,21 @@ class Connection(SSHConnection):
         display.vvv(f"PCT EXEC {remote}", host=self.host)
         return self._run_checked(remote, in_data, sudoable)
 
-    def _stream_command(self, argv: list[str]) -> list[bytes]:
-        """The local ssh argv for a hypervisor command, sharing the ControlPersist master."""
-        self.host = self.get_option("host") or self._play_context.remote_addr
-        remote = self.build_pct_command(argv)
-        return self._build_command(self.get_option("ssh_executable"), "ssh", self.host, remote)
-
     def _uses_password(self) -> bool:
         return bool(self.get_option("password") or self._play_context.password)
 
     def _transfer(self, argv: list[str], in_data: bytes | None, what: str, path: str) -> bytes:
-        """One piece of a transfer through the parent's _run (password auth and retries, as exec_command)."""
-        rc, out, err = self._retried(self._run, self._stream_command(argv), in_data, checkrc=False)
+        """One piece of a transfer: a command in the container, through the ssh connection's exec_command."""
+        self.host = self.get_option("host") or self._play_context.remote_addr
+        rc, out, err = self._hop(self.build_pct_command(argv), in_data)
         if rc != 0:
             self._transfer_failed(rc, err, what, path)
         return out
-
-    def _retried(self, method: t.Any, *args: t.Any, **kwargs: t.Any) -> tuple[int, bytes, bytes]:
-        """A retried ssh call; what is left after the retries is explained as the hypervisor being unreachable."""
-        try:
-            return method(*args, sudoable=False, **kwargs)
-        except AnsibleConnectionFailure as exc:
-            raise AnsibleConnectionFailure(self._unreachable(exc)) from None
-
-    @_ssh_retry
-    def _stream_put(self, cmd: list[bytes], in_path: bytes, sudoable: bool = False) -> tuple[int, bytes, bytes]:
-        """Stream a whole file into ssh's stdin (constant memory); retried from the start, which is idempotent."""
-        with open(in_path, "rb") as src:
-            proc = subprocess.Popen(cmd, stdin=src, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            stderr = proc.stderr.read() if proc.stderr else b""
-            return proc.wait(), b"", stderr
-
-    @_ssh_retry
-    def _stream_fetch(self, cmd: list[bytes], out_path: bytes, sudoable: bool = False) -> tuple[int, bytes, bytes]:
-        """Stream ssh's stdout into a local file in CHUNK reads; a retry rewrites the file from the start."""
-        with open(out_path, "wb") as dst:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            if proc.stdout is None:  # Popen was given stdout=PIPE; satisfies the type checker
-                raise AnsibleConnectionFailure("pct file transfer: the ssh process has no stdout pipe")
-            while chunk := proc.stdout.read(CHUNK):
-                dst.write(chunk)
-            stderr = proc.stderr.read() if proc.stderr else b""
-            return proc.wait(), b"", stderr
-
-    def _streamed(self, method: t.Any, argv: list[str], local: bytes, what: str, path: str) -> None:
-        rc, _out, err = self._retried(method, self._stream_command(argv), local)
-        if rc != 0:
-            self._transfer_failed(rc, err, what, path)
 
     def _transfer_failed(self, rc: int, stderr: bytes, what: str, path: str) -> t.NoReturn:
         explained = self._explain(rc, stderr)
         if explained:
             raise AnsibleConnectionFailure(explained)
-        if rc == 255:
-            raise AnsibleConnectionFailure(f"Cannot reach the hypervisor of {self._where()}: {to_text(stderr).strip()}")
         if b"No such file" in stderr or b"cannot open" in stderr or b"Not a directory" in stderr:
             raise AnsibleFileNotFound(f"{what} {path} in {self._where()}: {to_text(stderr).strip()}")
         raise AnsibleError(f"{what} {path} in {self._where()} failed (rc={rc}): {to_text(stderr).strip()}")
@@ -335,44 +306,34 @@ class Connection(SSHConnection):
     def put_file(self, in_path: str, out_path: str) -> None:  # type: ignore[override]
         """Send a local file into the container; the writer runs inside it, so paths resolve there.
 
-        Both ways go through ssh's reconnection retries. With key auth the file streams through one ssh
-        channel at constant memory; with a password (sshpass or SSH_ASKPASS, which only the parent's _run
-        knows how to feed) it goes in CHUNK-sized pieces through _run, each naming its offset, so a retried
-        piece writes the same bytes again.
+        The file goes in CHUNK-sized pieces, each one exec_command of the ssh connection naming its offset, so a piece
+        retried after a dropped connection writes the same bytes again, and memory stays bounded.
         """
         super(SSHConnection, self).put_file(in_path, out_path)
         b_in = to_bytes(in_path, errors="surrogate_or_strict")
         if not os.path.exists(b_in):
             raise AnsibleFileNotFound(f"file or module does not exist: {in_path}")
         display.vvv(f"PCT PUT {in_path} TO {out_path}", host=self.host)
-        first = ["/bin/sh", "-c", 'exec cat > "$1"', "sh", out_path]
-        if not self._uses_password():
-            self._streamed(self._stream_put, first, b_in, "Writing", out_path)
-            return
         with open(b_in, "rb") as src:
             offset = 0
             while True:
                 piece = src.read(CHUNK)
                 if not piece:
-                    if offset == 0:  # an empty file: create it without reading stdin (_run sends no EOF for b"")
+                    if offset == 0:  # an empty file: create it without reading stdin (ssh sends no EOF for b"")
                         self._transfer(["/bin/sh", "-c", ': > "$1"', "sh", out_path], None, "Writing", out_path)
                     break
-                argv = first if offset == 0 else [
+                argv = ["/bin/sh", "-c", 'exec cat > "$1"', "sh", out_path] if offset == 0 else [
                     "/bin/sh", "-c", 'exec dd of="$1" bs=1M seek="$2" oflag=seek_bytes conv=notrunc status=none',
                     "sh", out_path, str(offset)]  # fmt: skip
                 self._transfer(argv, piece, "Writing", out_path)
                 offset += len(piece)
 
     def fetch_file(self, in_path: str, out_path: str) -> None:  # type: ignore[override]
-        """Fetch a file out of the container to a local path (streamed with keys, in pieces with a password)."""
+        """Fetch a file out of the container to a local path, in CHUNK-sized pieces; nothing is left on failure."""
         super(SSHConnection, self).fetch_file(in_path, out_path)
         display.vvv(f"PCT FETCH {in_path} TO {out_path}", host=self.host)
         b_out = to_bytes(out_path, errors="surrogate_or_strict")
         try:
-            if not self._uses_password():
-                self._streamed(self._stream_fetch, ["/bin/sh", "-c", 'exec cat -- "$1"', "sh", in_path], b_out,
-                               "Reading", in_path)  # fmt: skip
-                return
             with open(b_out, "wb") as dst:
                 offset = 0
                 while True:

@@ -1,8 +1,7 @@
 # Copyright: eagle3-ops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """One gpu_cleanup run (eagle3.ops.gpu_cleanup): scan, select, guard, then - unless it is a dry run - the ladder and
-the verification. Standard library only, so the action plugin can run a dry run on the host as one short script
-(plugin_utils/_probe.py) instead of a module with ansible's wrapper."""
+the verification. Standard library only."""
 
 from __future__ import annotations
 
@@ -358,10 +357,3 @@ def outcome(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], s
         return summarised(cleanup.result), f"gpu_cleanup failed unexpectedly: {exc}", traceback.format_exc()
     return summarised(cleanup.result), None, None
 
-
-def dry_run(params: dict[str, Any]) -> dict[str, Any]:
-    """What a check-mode call reports (the probe's entry point): the result, failed and msg when it fails."""
-    result, msg, trace = outcome(params, check_mode=True)
-    if msg is None:
-        return result
-    return {**result, "failed": True, "msg": msg, **({"exception": trace} if trace else {})}

@@ -50,7 +50,6 @@ DTYPE_BITS = {
 }  # fmt: skip
 JOURNAL_SUFFIX = ".remap-journal"
 JOURNAL_MAGIC = b"E3REMAP2"
-LEGACY_JOURNAL_MAGIC = b"E3REMAP1"  # journals of earlier versions: no checksum
 RESERVED_NAMES = ("__metadata__",)  # the format's own key: never a tensor name
 
 
@@ -607,16 +606,12 @@ def pending_journal(path: str) -> bytes | None:
     except FileNotFoundError:
         return None
     head = len(JOURNAL_MAGIC)
-    if blob.startswith(LEGACY_JOURNAL_MAGIC) and len(blob) >= head + 16:  # an earlier version's, no checksum
-        size, length = struct.unpack("<QQ", blob[head : head + 16])
-        saved = blob[head + 16 :]
-    elif not blob.startswith(JOURNAL_MAGIC) or len(blob) < head + 16 + 32:
+    if not blob.startswith(JOURNAL_MAGIC) or len(blob) < head + 16 + 32:
         return None
-    elif hashlib.sha256(blob[:-32]).digest() != blob[-32:]:
+    if hashlib.sha256(blob[:-32]).digest() != blob[-32:]:
         return None  # torn: written only partly, before it was fsynced, so before the file was touched
-    else:
-        size, length = struct.unpack("<QQ", blob[head : head + 16])
-        saved = blob[head + 16 : -32]
+    size, length = struct.unpack("<QQ", blob[head : head + 16])
+    saved = blob[head + 16 : -32]
     if len(saved) != length or os.path.getsize(path) != size:
         raise SafetensorsError(
             f"{jpath} does not match {path}; inspect both, then remove the journal if the file loads"

@@ -2,9 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """nvidia-smi's CSV queries, run and typed: what eagle3_status, gpu_facts' filter and gpu_cleanup read of the GPUs.
 
-A module of its own, standard library only and small, since eagle3_status's read runs on every container of a
-fleet-wide status as a script compiled there (plugin_utils/_probe.py): it sends this file, not the whole of the
-cleanup's process logic (_gpu.py).
+A module of its own, standard library only and small: eagle3_status runs on every container of a fleet-wide status,
+and its module carries this file, not the whole of the cleanup's process logic (_gpu.py).
 """
 
 from __future__ import annotations

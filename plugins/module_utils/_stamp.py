@@ -2,9 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A stage's fingerprint: digests of what it reads and writes, compared with the one kept after its last run.
 
-Standard library only: the action plugin runs a check on the host as a script (plugin_utils/_probe.py). A fingerprint
-is a flat map ``{key: digest}``: ``var:NAME`` and ``file:PATH`` come from the controller, ``stat:PATH`` and
-``content:PATH`` from the host. Comparing two maps names what changed, so a stage that runs again says why.
+Standard library only, so the module stays small on the host. A fingerprint is a flat map ``{key: digest}``:
+``var:NAME`` and ``file:PATH`` come from the controller, ``stat:PATH`` and ``content:PATH`` from the host. Comparing two
+maps names what changed, so a stage that runs again says why.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ class StageStamp:
         return out
 
     def write(self, data: dict[str, Any]) -> None:
-        # The writer lives with the checkpoint code; imported here only, as a check (the probe's script) never writes.
+        # The writer lives with the checkpoint code; imported here only, as a check never writes.
         from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
             write_json_atomic,
         )
@@ -289,11 +289,3 @@ class StageStamp:
                    dir=self.p["dir"])
         return out
 
-
-def check(params: dict[str, Any]) -> dict[str, Any]:
-    """A stage's check (the action plugin's script on the host): the module's answer, or failed and its message."""
-    try:
-        stamp = StageStamp({**params, "state": "check"})
-        return stamp.answer(stamp.check())
-    except StampError as exc:
-        return {"failed": True, "msg": str(exc)}

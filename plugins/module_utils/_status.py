@@ -1,7 +1,6 @@
 # Copyright: eagle3-ops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What one status row reads on a host (eagle3.ops.eagle3_status): standard library only, so the action plugin can
-run it on the host as one short script (plugin_utils/_probe.py) instead of a module with ansible's wrapper."""
+"""What one status row reads on a host (eagle3.ops.eagle3_status): standard library only."""
 
 from __future__ import annotations
 
@@ -100,7 +99,3 @@ class StatusReader:
         return {"changed": False, "gpus": gpus or [], "gpus_read": gpus is not None, "training": self.training(),
                 "serving": self.serving(), "router": self.router()}  # fmt: skip
 
-
-def read(params: dict[str, Any]) -> dict[str, Any]:
-    """One status row's reads (the probe's entry point)."""
-    return StatusReader(params).read()

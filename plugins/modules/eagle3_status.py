@@ -14,7 +14,7 @@ description:
   - GPUs from one C(nvidia-smi --query-gpu) (the fields gpu_facts reads); the training job from the payload's
     read-only monitor (C(training.monitor --no-record)) over its state directory; the server from SGLang's
     C(/get_server_info); on the router's host, the router's C(/workers).
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
   nvidia_smi:

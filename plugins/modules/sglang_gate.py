@@ -15,7 +15,7 @@ description:
     returns the average speculative accept length SGLang reports in C(internal_states).
   - One module call instead of one request per task. The gates of an already running server; after a restart,
     eagle3.ops.sglang_service sends the same requests in its own call and gates the accept length.
-version_added: "0.3.0"
+version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
   url:

@@ -19,7 +19,7 @@ description:
     with O(drain), waits until the server itself has no request running or waiting (SGLang's C(/v1/loads)), so
     the requests the router already sent there finish before the server restarts.
   - Runs on a host that reaches both the router and the server (the router's host, by delegation).
-version_added: "0.3.0"
+version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
   router_url:

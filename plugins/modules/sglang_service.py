@@ -23,7 +23,7 @@ description:
     at all, or load incompletely, fails the call before the unit is touched, in one sentence that names the fix.
   - One module call where a switch of the served setting took one task (and a round trip to the server) for each
     of the judge, the reads, the write, the restart, every health poll and the gates.
-version_added: "0.4.0"
+version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
   name:

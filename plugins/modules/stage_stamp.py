@@ -20,7 +20,7 @@ description:
     by O(router); a stage whose server died is not converged even if nothing else changed.
   - C(state=record) writes the fingerprint atomically (a temporary file renamed over the stamp), after the stage
     completed; C(state=check) changes nothing.
-version_added: "0.3.0"
+version_added: "0.1.0"
 author: eagle3-ops contributors (@eagle3-ops)
 options:
   stage:

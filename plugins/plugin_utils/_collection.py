@@ -1,9 +1,7 @@
 # Copyright: eagle3-ops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The collection's own digest: what a new release of it changes (its roles, plugins, playbooks and the payloads it
-installs). Part of every stage's fingerprint (the stage_stamp action plugin); computed once per process - and the
-eagle3.ops.preload callback computes it in the controller's main process, before the first task forks, so that no
-fork walks and reads the collection's files again."""
+installs). Part of every stage's fingerprint (the stage_stamp action plugin); computed once per process."""
 
 from __future__ import annotations
 

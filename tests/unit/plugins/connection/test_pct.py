@@ -174,7 +174,7 @@ def flaky_hop(tmp_path, monkeypatch):
     conn = make(pct_executable=str(bin_dir / "pct"), ssh_executable=str(bin_dir / "ssh"), reconnection_retries=3,
                 keep_env=True, ssh_args="", control_path_dir=str(tmp_path / "cp"))
     module = __import__(type(conn).__module__, fromlist=["CHUNK"])
-    monkeypatch.setattr(module, "CHUNK", 4096)  # several pieces (password path) and reads (streamed path)
+    monkeypatch.setattr(module, "CHUNK", 4096)  # several pieces
     return conn, state / "count"
 
 
@@ -183,7 +183,7 @@ def flaky_hop(tmp_path, monkeypatch):
 def test_put_and_fetch_survive_dropped_connections(flaky_hop, tmp_path, monkeypatch, auth, size):
     conn, count = flaky_hop
     if auth == "password":
-        # The password path goes through the parent's _run (which feeds sshpass/askpass); the fake ssh asks none.
+        # Both go through the ssh connection's exec_command (which feeds sshpass/askpass); the fake ssh asks none.
         monkeypatch.setattr(type(conn), "_uses_password", lambda self: True)
     payload = os.urandom(size)
     src = tmp_path / "src.bin"
@@ -193,9 +193,9 @@ def test_put_and_fetch_survive_dropped_connections(flaky_hop, tmp_path, monkeypa
     remote.write_bytes(b"an older, longer file" * 2000)  # replaced, never merged
     conn.put_file(str(src), str(remote))
     assert remote.read_bytes() == payload
-    # Every connection's first try dropped and was retried: one stream, or one piece per 4096 bytes (at least one).
+    # Every connection's first try dropped and was retried: one piece per 4096 bytes (at least one), whatever the auth.
     pieces = max(1, -(-size // 4096))
-    assert int(count.read_text()) == 2 * (pieces if auth == "password" else 1)
+    assert int(count.read_text()) == 2 * pieces
     back = tmp_path / "back.bin"
     conn.fetch_file(str(remote), str(back))
     assert back.read_bytes() == payload
@@ -225,9 +225,8 @@ exit 0
 SILENT = 'Data could not be sent to remote host "pve1.example.org". Make sure this host can be reached over ssh: '
 
 
-# ansible-core's words when ssh exited before the module was written, with the write's error (SILENT: empty stderr).
-BROKEN_WRITE = ("Data could not be sent to remote host '127.0.0.1'. Make sure this host can be reached over SSH: "
-                "[Errno 32] Broken pipe")  # fmt: skip
+# Whatever ansible-core's message says (it is never read): ssh's reason, or none at all.
+WITH_REASON = SILENT + "ssh: connect to host pve1.example.org port 22: No route to host"
 
 
 @pytest.mark.parametrize(
@@ -235,32 +234,35 @@ BROKEN_WRITE = ("Data could not be sent to remote host '127.0.0.1'. Make sure th
     [("refused", "a new connection says: ssh: connect to host pve1.example.org port 22: Connection refused"),
      ("reached", "a new connection reaches the hypervisor: the connection broke during the task")],
 )  # fmt: skip
-@pytest.mark.parametrize("silent", [SILENT, BROKEN_WRITE], ids=["no-stderr", "broken-write"])
-def test_an_unreachable_hypervisor_without_a_reason_is_asked_again_without_the_shared_master(
-    tmp_path, monkeypatch, answer, says, silent
-):
+@pytest.mark.parametrize("message", [SILENT, WITH_REASON], ids=["no-reason", "reason"])
+def test_an_unreachable_hypervisor_is_asked_again_without_the_shared_master(tmp_path, monkeypatch, answer, says,
+                                                                             message):  # fmt: skip
     ssh = tmp_path / "ssh"
     ssh.write_text(ANSWERING_SSH)
     ssh.chmod(0o755)
     monkeypatch.setenv("FAKE_SSH_STATE", str(tmp_path))
     monkeypatch.setenv("FAKE_SSH_ANSWER", answer)
-    conn = make(node="pve1", ssh_executable=str(ssh), control_path_dir=str(tmp_path / "cp"))
+    conn = make(node="pve1", ssh_executable=str(ssh), control_path_dir=str(tmp_path / "cp"), port=2222,
+                ssh_common_args="-o ProxyJump=jump.example.org", private_key_file="~/.ssh/lab key")  # fmt: skip
     conn.host = "pve1.example.org"
-    text = conn._unreachable(AnsibleConnectionFailure(silent))
-    assert text.startswith("Cannot reach the hypervisor of CT 129 on node pve1 (hypervisor pve1.example.org")
+    text = conn._unreachable(AnsibleConnectionFailure(message))
+    assert text.startswith("Cannot reach the hypervisor of CT 129 on node pve1 (hypervisor pve1.example.org:2222")
+    assert message.strip() in text and text.endswith(f"({says})" if answer == "refused" else ")"), text
     assert says in text, text
     argv = (tmp_path / "argv").read_text().splitlines()
-    # Its own connection (the master may be what died), no prompt, host key checking as the play has it.
-    assert argv[:4] == ["-o", "ControlPath=none", "-o", "BatchMode=yes"] and argv[-1] == "true", argv
+    # Its own connection (the master may be what died) first, no prompt, the play's options as ssh options, host key
+    # checking left to ssh's configuration (no StrictHostKeyChecking=no while host_key_checking is on).
+    assert argv[:4] == ["-o", "ControlPath=none", "-o", "BatchMode=yes"] and argv[-2:] == ["pve1.example.org", "true"]
+    for option in ("ProxyJump=jump.example.org", "Port=2222", "User=root",
+                   f"IdentityFile={os.path.expanduser('~/.ssh/lab key')}"):  # fmt: skip
+        assert option in argv, argv
+    assert "StrictHostKeyChecking=no" not in argv
 
 
-def test_an_unreachable_hypervisor_with_ssh_s_reason_is_not_asked_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_SSH_STATE", str(tmp_path))
-    conn = make(node="pve1", ssh_executable=str(tmp_path / "no-ssh-here"))
+def test_the_new_connection_keeps_host_key_checking_as_configured(tmp_path):
+    conn = make(host_key_checking=False)
     conn.host = "pve1.example.org"
-    reason = SILENT + "ssh: connect to host pve1.example.org port 22: No route to host"
-    assert conn._unreachable(AnsibleConnectionFailure(reason)).endswith(": No route to host")
-    assert not (tmp_path / "argv").exists()
+    assert "StrictHostKeyChecking=no" in conn.ask_argv()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Write each role's README.md from its meta/argument_specs.yml (the one place its options are documented) and from
+the playbooks that use it. ``--check`` exits 1 when a README is not what its role gives (a test runs it).
+
+Usage: python scripts/role_readmes.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLE_REF = re.compile(r"eagle3\.ops\.(\w+)")
+
+
+def text(value: Any) -> str:
+    """An argument_specs description (a string or a list of them) as one paragraph, Ansible's markup made Markdown."""
+    parts = value if isinstance(value, list) else [value] if value else []
+    joined = " ".join(" ".join(str(p).split()) for p in parts)
+    joined = re.sub(r"[CV]\(([^)]*)\)", r"`\1`", joined)
+    return re.sub(r"[IB]\(([^)]*)\)", r"\1", joined)
+
+
+def first_sentence(value: Any) -> str:
+    whole = text(value)
+    match = re.match(r"(.+?\.)\s", whole)
+    return match.group(1) if match else whole
+
+
+def plays_using(role: str) -> list[tuple[str, str, str]]:
+    """(playbook, play name, hosts) of every play under playbooks/ that names the role."""
+    found = []
+    for path in sorted((ROOT / "playbooks").glob("*.yml")):
+        for play in yaml.safe_load(path.read_text()) or []:
+            if not isinstance(play, dict) or "hosts" not in play:
+                continue
+            if role in set(ROLE_REF.findall(yaml.safe_dump(play))):
+                found.append((path.name, str(play.get("name", "")), str(play["hosts"])))
+    return found
+
+
+def default(option: dict[str, Any]) -> str:
+    if "default" not in option:
+        return "required" if option.get("required") else "-"
+    value = option["default"]
+    shown = value if isinstance(value, str) else json.dumps(value)
+    shown = shown.replace("\n", " ").replace("|", "/")
+    return f"`{shown}`" if len(shown) <= 40 else "(see argument_specs)"
+
+
+def readme(role_dir: Path) -> str:
+    role = role_dir.name
+    specs = (yaml.safe_load((role_dir / "meta" / "argument_specs.yml").read_text()) or {}).get("argument_specs") or {}
+    main = specs.get("main", {})
+    note = "<!-- Written by scripts/role_readmes.py from meta/argument_specs.yml: edit that file, then the script. -->"
+    out = [f"# eagle3.ops.{role}", "", note, "", text(main.get("short_description")), ""]
+    if main.get("description"):
+        out += [text(main["description"]), ""]
+    out += ["## Entry points", "", "| entry point | what it does |", "| --- | --- |"]
+    for name, spec in specs.items():
+        use = "`roles: [eagle3.ops." + role + "]`" if name == "main" else f"`tasks_from: {name}`"
+        out.append(f"| {name} ({use}) | {text(spec.get('short_description'))} |")
+    out += ["", "## Options", "", f"Every option, with its type, choices and full description: `ansible-doc -t role "
+            f"eagle3.ops.{role}` (from `meta/argument_specs.yml`).", ""]  # fmt: skip
+    for name, spec in specs.items():
+        options = spec.get("options") or {}
+        if not options:
+            continue
+        out += [f"### {name}", "", "| option | default | what it is |", "| --- | --- | --- |"]
+        out += [f"| `{opt}` | {default(o)} | {first_sentence(o.get('description'))} |" for opt, o in options.items()]
+        out.append("")
+    used = plays_using(role)
+    if used:
+        out += ["## Used by", "", "| playbook | play | hosts |", "| --- | --- | --- |"]
+        out += [f"| `playbooks/{pb}` | {name} | `{hosts.replace('|', '/')}` |" for pb, name, hosts in used]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 when a README differs from what its role gives")
+    args = ap.parse_args()
+    stale = []
+    for role_dir in sorted((ROOT / "roles").iterdir()):
+        if not (role_dir / "meta" / "argument_specs.yml").exists():
+            continue
+        want, path = readme(role_dir), role_dir / "README.md"
+        if args.check:
+            if not path.exists() or path.read_text() != want:
+                stale.append(str(path.relative_to(ROOT)))
+        else:
+            path.write_text(want)
+    if stale:
+        print(f"not what their roles give: {', '.join(stale)}: run python scripts/role_readmes.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

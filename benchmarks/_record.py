@@ -47,6 +47,7 @@ def record(bench: str, rows: list[dict[str, Any]], note: str = "", path: str | N
     out = Path(path) if path else RESULTS / f"{bench}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    rows = [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()} for row in rows]
     entry = {"bench": bench, "date": date, "checkout": checkout(), "cores": os.cpu_count(), "cpu": cpu_model(),
              "note": note, "rows": rows}  # fmt: skip
     with out.open("a", encoding="utf-8") as handle:

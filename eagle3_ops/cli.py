@@ -10,27 +10,27 @@ from typing import Any
 from eagle3_ops.runner import RunResult, run_playbook
 
 
-def _load_progress():
-    """The collection's progress helpers (plugins/plugin_utils/_progress.py), shared with its stdout callback: from
-    the collection on the import path, else from the collection this package ships in (its root holds both)."""
+def _collection_module(kind: str, name: str) -> Any:
+    """One of the collection's standard-library helpers (plugins/KIND/NAME.py), shared with its plugins: from the
+    collection on the import path, else from the collection this package ships in (its root holds both)."""
+    import importlib
     import importlib.util
     from pathlib import Path
 
     try:
-        from ansible_collections.eagle3.ops.plugins.plugin_utils import _progress
-
-        return _progress
+        return importlib.import_module(f"ansible_collections.eagle3.ops.plugins.{kind}.{name}")
     except ImportError:
         pass
-    path = Path(__file__).resolve().parent.parent / "plugins" / "plugin_utils" / "_progress.py"
-    spec = importlib.util.spec_from_file_location("eagle3_ops_progress", path)
+    path = Path(__file__).resolve().parent.parent / "plugins" / kind / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"eagle3_ops{name}", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_progress_helpers = _load_progress()
+_progress_helpers = _collection_module("plugin_utils", "_progress")
+served_setting = _collection_module("module_utils", "_setting").served_setting
 progress_bar = _progress_helpers.progress_bar
 wait_line = _progress_helpers.wait_line
 render_status = _progress_helpers.render_status
@@ -190,11 +190,12 @@ def cmd_playbook(playbook: str):
 
 
 def _draft_tokens(value: str) -> int | str:
-    """--draft-tokens: an integer, or auto."""
-    if value.strip().lower() == "auto":
-        return "auto"
+    """--draft-tokens: an integer, or auto (read as deploy.yml reads -e draft_tokens)."""
+    setting = served_setting(value)
+    if setting["auto"]:
+        return str(setting["draft_tokens"])
     try:
-        return int(value)
+        return int(setting["draft_tokens"])
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is neither a number of draft tokens nor auto") from None
 

@@ -289,8 +289,6 @@ _BRINGUP_PENDING: list[float] = []
 # the end and written for .ci/run's summary.
 _STAGE_SECONDS: dict[str, float] = {"unit": 0.0, "sglang": 0.0, "lab": 0.0, "pipeline": 0.0, "fleet": 0.0}
 _SESSION_STARTED = [time.monotonic()]
-# Test files that run the training/serving pipeline for real; every other integration file is "lab".
-PIPELINE_FILES = {"test_pipeline.py", "test_deploy.py", "test_train_job.py", "test_cli.py"}
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -302,22 +300,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _USER_LAB_AT_START.update(user_lab_snapshot())
 
 
-# The test command runs in three pytest-xdist workers (-n 3): each lab's tests form one group that one worker runs in
-# order, and the third takes what needs no lab (SGLang's judging, the unit tests) while the two labs' tests run.
-# Every integration file is the one-node test lab's (tests/lab) but the fleet lab's (tests/lab-fleet: the fleet's
-# tests and the molecule scenarios, which run on any lab) and those that need no lab; unit tests need none either.
-# The groups go by file (pytest-xdist's own xdist_group marks do not reach its scheduler on pytest 9.2), and
-# collection checks that each test's lab agrees with its file's.
-FLEET_FILES = {"test_fleet.py", "test_molecule.py"}
-LABLESS_FILES = {"test_sglang_judge.py", "test_collection.py", "test_template.py"}
+# The test command runs in three pytest-xdist workers (-n 3; pyproject.toml adds --dist loadgroup and
+# --no-loadscope-reorder): each lab's test files carry its xdist_group mark ("lab": the one-node test lab, tests/lab;
+# "fleet": the fleet lab, tests/lab-fleet, which the molecule scenarios use too), so one worker runs each lab's tests
+# in order, and the third takes what needs no lab (SGLang's judging, the unit tests) while the two labs' tests run.
+# Collection checks that each test's lab agrees with its file's mark. (pytest-xdist's loadgroup needs a pytest before
+# 9.2, which derives node ids from structured ids that xdist's group suffix does not reach: pytest-xdist#1386.)
+LAB_GROUPS = ("lab", "fleet")
 
 
-def lab_group(path: str | Path) -> str | None:
-    """The lab whose worker runs the tests of this file: "lab", "fleet", or None (any worker)."""
-    p = Path(path)
-    if "integration" not in p.parts or p.name in LABLESS_FILES:
+def lab_group(item: pytest.Item) -> str | None:
+    """The lab whose worker runs this test: "lab", "fleet", or None (any worker)."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
         return None
-    return "fleet" if p.name in FLEET_FILES else "lab"
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name"))
 
 
 def _lab_used(item: pytest.Item) -> str | None:
@@ -334,7 +331,7 @@ def _order(item: pytest.Item) -> tuple[int, bool]:
     third; with two, SGLang's judging before the fleet's, which the second worker runs while the one-node lab comes up;
     then the rest, which a worker takes once its lab's tests are done. Every worker
     sorts alike (pytest-xdist runs only when they collect the same order): each reads the one worker count."""
-    group = lab_group(item.path)
+    group = lab_group(item)
     fleet_first = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= 3
     judging = item.path.name == "test_sglang_judge.py"
     ranks = {"lab": 0, "fleet": 1 if fleet_first else 2, None: (2 if fleet_first else 1) if judging else 3}
@@ -345,44 +342,27 @@ def _order(item: pytest.Item) -> tuple[int, bool]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        used, group = _lab_used(item), lab_group(item.path)
+        used, group = _lab_used(item), lab_group(item)
+        if group not in (None, *LAB_GROUPS):
+            raise pytest.UsageError(f"{item.nodeid} is in the xdist group {group!r}: the groups are the labs "
+                                    f"{LAB_GROUPS}")  # fmt: skip
         if used and used != group:
             raise pytest.UsageError(f"{item.nodeid} uses the {used} lab, but its file runs with the {group or 'no'} "
-                                    "lab's tests: list the file in tests/conftest.py's FLEET_FILES or LABLESS_FILES "
-                                    "as it needs")  # fmt: skip
+                                    f"lab's tests: mark the file pytest.mark.xdist_group({used!r})")  # fmt: skip
     items.sort(key=_order)
 
 
-try:
-    from xdist.scheduler import LoadScopeScheduling
-except ImportError:  # pragma: no cover - pytest-xdist is a dev dependency; without it the tests run in one process
-    LoadScopeScheduling = None
-
-if LoadScopeScheduling is not None:
-
-    class LabScheduling(LoadScopeScheduling):
-        """pytest-xdist's scope scheduling with one scope per lab (its tests in collection order, on one worker) and
-        one per test of no lab; the scopes go out in collection order, each to a worker with at most two tests to go
-        (so a worker busy with a lab's scope takes nothing else until it is nearly done)."""
-
-        def _split_scope(self, nodeid: str) -> str:
-            return lab_group(nodeid.split("::")[0]) or nodeid
-
-    @pytest.hookimpl
-    def pytest_xdist_make_scheduler(config: pytest.Config, log):
-        config.option.loadscopereorder = False  # collection order (_order), not the largest scope first
-        return LabScheduling(config, log)
-
-
-def _stage_of(nodeid: str) -> str:
-    path = Path(nodeid.split("::")[0])
+def _stage_of(report: pytest.TestReport) -> str:
+    """The stage a test's time counts to: unit, SGLang's judging, the fleet lab's, the pipeline's (files marked
+    pipeline: they train or serve for real) or the one-node lab's."""
+    path = Path(report.nodeid.split("::")[0])
     if "unit" in path.parts:
         return "unit"
     if path.name.startswith("test_sglang"):
         return "sglang"  # SGLang itself judging, in .venv-sglang
-    if path.name == "test_fleet.py":
-        return "fleet"
-    return "pipeline" if path.name in PIPELINE_FILES else "lab"
+    if "pipeline" in report.keywords:
+        return "pipeline"
+    return "fleet" if path.name == "test_fleet.py" else "lab"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -397,7 +377,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     setup of whichever test first asks for it, counts as "lab". With EAGLE3_TEST_TIMELINE set, each phase is also a
     line of that file - worker, start and stop (epoch seconds), phase, test - to see when each worker was busy."""
     bringup = sum(value for key, value in report.user_properties if key == BRINGUP) if report.when == "setup" else 0.0
-    _STAGE_SECONDS[_stage_of(report.nodeid)] += report.duration - bringup
+    _STAGE_SECONDS[_stage_of(report)] += report.duration - bringup
     _STAGE_SECONDS["lab"] += bringup
     timeline = os.environ.get("EAGLE3_TEST_TIMELINE")
     if timeline and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller's copy of each worker's report

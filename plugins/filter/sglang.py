@@ -11,9 +11,11 @@ try:  # installed collection (and ansible-test); tests load the file directly an
     from ansible_collections.eagle3.ops.plugins.module_utils._bench import label as _label
     from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import RETRAIN_FLAGS, ExportError
     from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import sglang_line as _line
+    from ansible_collections.eagle3.ops.plugins.module_utils._setting import served_setting
 except ImportError:  # pragma: no cover
     _line = None  # type: ignore[assignment]
     _label = None  # type: ignore[assignment]
+    served_setting = None  # type: ignore[assignment]
 
 DOCUMENTATION = r"""
 name: sglang_speculative_args
@@ -156,4 +158,4 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"sglang_speculative_args": sglang_speculative_args, "bench_point": bench_point,
                 "sglang_speculative_problem": sglang_speculative_problem, "sglang_line": sglang_line,
-                "sglang_release_query": sglang_release_query}
+                "sglang_release_query": sglang_release_query, "served_setting": served_setting}

@@ -27,7 +27,7 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "state": {"type": "str", "choices": ["check", "record"], "default": "check"},
     "dir": {"type": "path", "default": "/var/lib/eagle3-ops/stamps"},
     "vars": {"type": "list", "elements": "str", "default": []},
-    "exclude_vars": {"type": "list", "elements": "str", "default": []},
+    "roles": {"type": "list", "elements": "str", "default": []},
     "controller_files": {"type": "list", "elements": "path", "default": []},
     "controller": {"type": "dict", "default": {}},
     "paths": {"type": "list", "elements": "path", "default": []},

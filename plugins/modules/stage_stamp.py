@@ -12,10 +12,10 @@ description:
   - A stage (C(deploy), C(train), C(router)) is converged on a host when everything it reads and writes is as its
     last complete run left it and what it started still runs. The playbooks check this first, in one call per
     host, and skip the whole stage where it holds; a stage that runs says which inputs changed.
-  - The fingerprint is a map of digests. On the controller (the action plugin) the values of the variables the
-    stage reads (O(vars) names them by pattern), the contents of controller files (O(controller_files)) and the
-    collection's own files; on the host every entry under O(paths) (type, size, mtime and inode, contents not
-    read) and the contents of O(contents).
+  - The fingerprint is a map of digests. On the controller (the action plugin) the values of the stage's declared
+    inputs (the variables named in the C(meta/inputs.yml) of each role in O(roles), and those in O(vars)), the
+    contents of controller files (O(controller_files)) and the collection's own files; on the host every entry
+    under O(paths) (type, size, mtime and inode, contents not read) and the contents of O(contents).
   - Liveness is checked, not kept - O(units) active, O(probes) holding, O(urls) answering, the worker listed healthy
     by O(router); a stage whose server died is not converged even if nothing else changed.
   - C(state=record) writes the fingerprint atomically (a temporary file renamed over the stamp), after the stage
@@ -38,15 +38,17 @@ options:
     default: /var/lib/eagle3-ops/stamps
   vars:
     description:
-      - Regular expressions (matched from the start) naming the variables whose templated values are part of the
-        fingerprint. Read by the action plugin on the controller; a value that cannot be templated yet is kept
-        as written. Variables whose names say password, passphrase, secret, api key or private key are never
+      - Names of variables whose templated values are part of the fingerprint, beyond those of O(roles). Read by the
+        action plugin on the controller; a value that cannot be templated yet is kept as written, a variable not
+        defined is left out. Variables whose names say password, passphrase, secret, api key or private key are never
         fingerprinted (a digest of a short secret can be guessed).
     type: list
     elements: str
     default: []
-  exclude_vars:
-    description: Regular expressions naming variables left out (values that differ on every run).
+  roles:
+    description:
+      - Roles of this collection whose declared inputs (the C(inputs) list of their C(meta/inputs.yml)) are part of
+        the fingerprint, as if named in O(vars).
     type: list
     elements: str
     default: []
@@ -144,7 +146,8 @@ EXAMPLES = r"""
 - name: Is the deploy converged here?
   eagle3.ops.stage_stamp:
     stage: deploy
-    vars: ['sglang_serve_', 'eagle3_common_', 'draft_tokens$']
+    roles: [sglang_serve]
+    vars: [draft_tokens]
     paths: [/srv/eagle3/drafts/tiny-llama-eagle3]
     contents: [/etc/systemd/system/sglang.service]
     units: [sglang]

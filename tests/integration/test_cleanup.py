@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import LAB_PORT, flat, lab_workload, pct, recap, run_playbook, smi, stop_marked
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 
 
 MARKER: list[str] = []  # the running test's marker (set by clean_lab)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, ansible_env
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab"), pytest.mark.pipeline]
 CLI = [sys.executable, "-m", "eagle3_ops.cli"]
 
 

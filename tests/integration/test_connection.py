@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import LAB_PORT, LAB_ROOT, flat, pct, recap, run_playbook
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 PLAYBOOKS = Path(__file__).parent / "playbooks"
 
 

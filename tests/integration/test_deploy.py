@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT, SERVER_PYTHON, ansible_env, flat, payload, pct, recap, run_playbook
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab"), pytest.mark.pipeline]
 UNIT = "/etc/systemd/system/sglang.service"
 DRAFT = "/srv/eagle3/drafts/tiny-llama-eagle3"
 CHECKPOINT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"

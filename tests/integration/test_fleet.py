@@ -37,7 +37,7 @@ from tests.conftest import (
     run_playbook,
 )
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("fleet")]
 FLEET = FLEET_INVENTORY
 LAB_STATE, LAB_ROOT, PCT, LAB_PORT, LAB_API_PORT = FLEET_STATE, FLEET_ROOT, FLEET_PCT, FLEET_PORT, FLEET_API_PORT
 NODES = {"pve-lab": LAB_PORT, "pve-lab2": LAB_PORT + 1}

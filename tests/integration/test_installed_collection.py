@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, TEST_INVENTORY
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 BIN = Path(sys.executable).parent
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import LAB_ROOT, PCT, hop, lab_workload, pct, recap, run_playbook, smi, stop_marked
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 
 HOSTILE = [
     "plain",

@@ -23,7 +23,7 @@ from tests.conftest import (
     ansible_env,
 )
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("fleet")]
 SCENARIOS = sorted(ROOT.glob("roles/*/molecule/default/molecule.yml"))
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import LAB_STATE, ROOT, ansible_env, flat, payload, pct, recap, run_playbook
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab"), pytest.mark.pipeline]
 RUN = "/srv/eagle3/runs/tiny-llama"
 
 

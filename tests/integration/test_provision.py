@@ -11,7 +11,7 @@ import yaml
 
 from tests.conftest import LAB_API_PORT, LAB_PORT, LAB_ROOT, LAB_STATE, ROOT, pct, pve_schema, recap, run_playbook
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 VMIDS = ("171", "172", "173")
 TEMPLATE = "local:vztmpl/debian-12-eagle3lab-v2_amd64.tar"
 

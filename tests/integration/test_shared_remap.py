@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 from tests.conftest import LAB_ROOT, ROOT, ansible_env
 from tests.unit.plugins.modules.test_safetensors_remap import drafter_tensors
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 
 SHARE = LAB_ROOT / "share"
 MOUNT = "/srv/eagle3"

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import pct, recap, run_playbook
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab"), pytest.mark.pipeline]
 PLAYBOOK = Path(__file__).parent / "playbooks" / "train.yml"
 
 

@@ -22,7 +22,7 @@ from tests.conftest import (
     user_lab_snapshot,
 )
 
-pytestmark = [pytest.mark.lab, pytest.mark.lab_teardown]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_teardown, pytest.mark.xdist_group("lab")]
 
 
 def _lxc_names(lxcpath: Path) -> set[str]:

@@ -356,4 +356,3 @@ def outcome(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], s
 
         return summarised(cleanup.result), f"gpu_cleanup failed unexpectedly: {exc}", traceback.format_exc()
     return summarised(cleanup.result), None, None
-

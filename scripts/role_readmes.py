@@ -17,9 +17,6 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-ROLE_REF = re.compile(r"eagle3\.ops\.(\w+)")
-
-
 def text(value: Any) -> str:
     """An argument_specs description (a string or a list of them) as one paragraph, Ansible's markup made Markdown."""
     parts = value if isinstance(value, list) else [value] if value else []
@@ -34,6 +31,28 @@ def first_sentence(value: Any) -> str:
     return match.group(1) if match else whole
 
 
+def _role_names(data: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "role" and isinstance(value, str):
+                found.add(value)
+            elif key in ("ansible.builtin.import_role", "ansible.builtin.include_role") and isinstance(value, dict):
+                found.add(str(value.get("name", "")))
+            elif key == "roles" and isinstance(value, list):
+                found |= {v for v in value if isinstance(v, str)}
+            found |= _role_names(value)
+    elif isinstance(data, list):
+        for value in data:
+            found |= _role_names(value)
+    return found
+
+
+def roles_used(data: Any) -> set[str]:
+    """The collection's roles a playbook or task file names (a play's roles:, import_role, include_role)."""
+    return {name.removeprefix("eagle3.ops.") for name in _role_names(data) if name.startswith("eagle3.ops.")}
+
+
 def plays_using(role: str) -> list[tuple[str, str, str]]:
     """(playbook, play name, hosts) of every play under playbooks/ that names the role."""
     found = []
@@ -41,7 +60,7 @@ def plays_using(role: str) -> list[tuple[str, str, str]]:
         for play in yaml.safe_load(path.read_text()) or []:
             if not isinstance(play, dict) or "hosts" not in play:
                 continue
-            if role in set(ROLE_REF.findall(yaml.safe_dump(play))):
+            if role in roles_used(play):
                 found.append((path.name, str(play.get("name", "")), str(play["hosts"])))
     return found
 

@@ -3,6 +3,7 @@ bare expressions of when/until/changed_when/failed_when/that, templates), parsed
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from typing import Any
 
@@ -127,26 +128,17 @@ def playbook_reads(name: str) -> set[str]:
     return reads - defined
 
 
-def _role_names(data: Any) -> set[str]:
-    found: set[str] = set()
-    if isinstance(data, dict):
-        for key, value in data.items():
-            if key == "role" and isinstance(value, str):
-                found.add(value)
-            elif key in ("ansible.builtin.import_role", "ansible.builtin.include_role") and isinstance(value, dict):
-                found.add(str(value.get("name", "")))
-            elif key == "roles" and isinstance(value, list):
-                found |= {v for v in value if isinstance(v, str)}
-            found |= _role_names(value)
-    elif isinstance(data, list):
-        for value in data:
-            found |= _role_names(value)
-    return found
+def _role_readmes() -> Any:
+    """scripts/role_readmes.py, where the one reader of role references lives (its READMEs' "Used by" and these
+    tests read roles alike)."""
+    spec = importlib.util.spec_from_file_location("eagle3_role_readmes", ROOT / "scripts" / "role_readmes.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def roles_used(data: Any) -> set[str]:
-    """The collection's roles a playbook or task file names (a play's roles:, import_role, include_role)."""
-    return {name.removeprefix("eagle3.ops.") for name in _role_names(data) if name.startswith("eagle3.ops.")}
+roles_used = _role_readmes().roles_used
 
 
 def roles_reached(start: set[str]) -> set[str]:

@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
 def text(value: Any) -> str:
     """An argument_specs description (a string or a list of them) as one paragraph, Ansible's markup made Markdown."""
     parts = value if isinstance(value, list) else [value] if value else []
@@ -77,8 +79,11 @@ def default(option: dict[str, Any]) -> str:
 def readme(role_dir: Path) -> str:
     role = role_dir.name
     specs = (yaml.safe_load((role_dir / "meta" / "argument_specs.yml").read_text()) or {}).get("argument_specs") or {}
-    main = specs.get("main", {})
-    note = "<!-- Written by scripts/role_readmes.py from meta/argument_specs.yml: edit that file, then the script. -->"
+    main = specs.get("main") or next(iter(specs.values()), {})  # a role without main: its first entry point
+    note = (
+        "<!-- Written by scripts/role_readmes.py from meta/argument_specs.yml and meta/outputs.yml: edit those, "
+        "then the script. -->"
+    )
     out = [f"# eagle3.ops.{role}", "", note, "", text(main.get("short_description")), ""]
     if main.get("description"):
         out += [text(main["description"]), ""]
@@ -92,8 +97,27 @@ def readme(role_dir: Path) -> str:
         options = spec.get("options") or {}
         if not options:
             continue
+        if name != "main" and options == main.get("options"):
+            out += [f"### {name}", "", "The options of main.", ""]
+            continue
         out += [f"### {name}", "", "| option | default | what it is |", "| --- | --- | --- |"]
         out += [f"| `{opt}` | {default(o)} | {first_sentence(o.get('description'))} |" for opt, o in options.items()]
+        out.append("")
+    outputs = (
+        ((yaml.safe_load(path.read_text()) or {}).get("outputs") or {})
+        if (path := role_dir / "meta" / "outputs.yml").exists()
+        else {}
+    )
+    if outputs:
+        out += [
+            "## Outputs",
+            "",
+            "Facts this role sets for the roles and plays after it (`meta/outputs.yml`).",
+            "",
+            "| fact | what it is |",
+            "| --- | --- |",
+        ]
+        out += [f"| `{name}` | {text(what)} |" for name, what in outputs.items()]
         out.append("")
     used = plays_using(role)
     if used:

@@ -20,8 +20,8 @@ DECLARED = sorted(p.parents[1].name for p in (ROOT / "roles").glob("*/meta/input
 PLAYBOOK_STAGES = {"lab.yml": ["lab_host"], "train.yml": ["eagle3_train", "vllm_runtime"],
                    "deploy.yml": ["sglang_serve", "sglang_runtime", "sglang_router"]}  # fmt: skip
 # Roles a stage's playbook runs whose variables are no stage's inputs by role: the wiring, whose values the stages'
-# roles read by name (eagle3_common_*), each as a declared input.
-WIRING = {"eagle3_common"}
+# roles read by name (eagle3_defaults_*), each as a declared input, and the task library.
+WIRING = {"eagle3_defaults", "eagle3_common"}
 
 
 def declaration(role: str) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def stamp(owner: str) -> dict[str, Any]:
 
 
 def common_defaults() -> set[str]:
-    return set(yaml.safe_load((ROOT / "roles" / "eagle3_common" / "defaults" / "main.yml").read_text()))
+    return set(yaml.safe_load((ROOT / "roles" / "eagle3_defaults" / "defaults" / "main.yml").read_text()))
 
 
 def undecided(reads: set[str], inputs: set[str], not_inputs: set[str]) -> list[str]:
@@ -126,9 +126,9 @@ def test_a_variable_added_without_a_decision_fails(tmp_path: Path, monkeypatch: 
 
 def test_the_plays_target_the_groups_the_roles_name():
     """A play's hosts cannot read a role's defaults: deploy.yml names the servers' and the router's groups itself, and
-    eagle3_common's fixed names must be the same ones."""
-    defaults = yaml.safe_load((ROOT / "roles" / "eagle3_common" / "defaults" / "main.yml").read_text())
+    eagle3_defaults' fixed names must be the same ones."""
+    defaults = yaml.safe_load((ROOT / "roles" / "eagle3_defaults" / "defaults" / "main.yml").read_text())
     text = (ROOT / "playbooks" / "deploy.yml").read_text()
-    for group in (defaults["eagle3_common_servers_group"], defaults["eagle3_common_router_group"]):
+    for group in (defaults["eagle3_defaults_servers_group"], defaults["eagle3_defaults_router_group"]):
         assert re.search(rf"groups\.{group}\b|hosts: [\w:]*\b{group}\b", text), f"deploy.yml targets no group {group}"
     assert "eagle3_servers_group" not in text and "eagle3_router_group" not in text

@@ -39,7 +39,7 @@ def _action(task: dict) -> str | None:
 
 @pytest.mark.parametrize("path", PLAYBOOKS, ids=lambda p: p.name)
 def test_plays_are_lists_of_roles(path: Path):
-    """Kubespray's shape: a play lists roles (the shared defaults role first); wiring lives in eagle3_common."""
+    """Kubespray's shape: a play lists roles (the shared defaults role first); wiring lives in eagle3_defaults."""
     for play in yaml.safe_load(path.read_text()):
         assert "vars" not in play, f"{path.name}: play {play['name']!r} carries vars; put them in a role's defaults"
         if play.get("hosts") == "hypervisors":

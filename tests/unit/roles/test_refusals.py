@@ -149,7 +149,7 @@ def test_a_lost_router_host_is_named_not_the_server_reported_unreachable(tmp_pat
   hosts: srv
   gather_facts: false
   roles:
-    - role: eagle3.ops.eagle3_common
+    - role: eagle3.ops.eagle3_defaults
   tasks:
     - name: The router role's worker step
       ansible.builtin.include_role:

@@ -11,7 +11,7 @@ ROLES = ROOT / "roles"
 ROLE_DIRS = sorted(p for p in ROLES.iterdir() if (p / "defaults" / "main.yml").exists())
 # The entry point that documents a role's defaults: main, except for the wiring, whose entry point is the task every
 # playbook imports first (a main entry would be checked again in every play that lists the role or a dependant).
-DEFAULTS_ENTRY = {"eagle3_common": "inventory"}
+DEFAULTS_ENTRY = {"eagle3_defaults": "inventory"}
 
 
 def defaults_spec(role) -> dict:
@@ -45,24 +45,31 @@ def test_variables_carry_the_role_prefix(role):
 _FILLER = {"the", "a", "an", "of", "to", "in", "for", "and", "or", "is", "on", "by", "with", "its", "it"}
 
 
-@pytest.mark.parametrize("role", sorted(p for p in ROLES.iterdir() if (p / "meta" / "argument_specs.yml").exists()),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "role", sorted(p for p in ROLES.iterdir() if (p / "meta" / "argument_specs.yml").exists()), ids=lambda p: p.name
+)
 def test_every_option_is_documented_by_a_sentence_of_its_own(role):
     """argument_specs is the documentation: a description must say more than the option's name, and no two
-    options share one (a group comment pasted onto each member says nothing about any one of them)."""
+    options of one entry point share one (a group comment pasted onto each member says nothing about any one)."""
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    for entry in specs.values():
+        _sentences_of_their_own(role.name, entry.get("options") or {})
+
+
+def _sentences_of_their_own(role: str, options: dict) -> None:
     import re
 
-    options = defaults_spec(role)
     seen: dict[str, str] = {}
     for name, spec in options.items():
         text = spec["description"]
         text = " ".join(text) if isinstance(text, list) else str(text)
         words = [w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _FILLER]
         own = [w for w in words if w not in set(name.lower().split("_"))]
-        assert len(own) >= 3, f"{role.name}: the description of {name} only restates its name: {text!r}"
+        assert len(own) >= 3, f"{role}: the description of {name} only restates its name: {text!r}"
         assert len(text.split()) >= 4 and text.rstrip().endswith((".", ")")), (
-            f"{role.name}: the description of {name} is not a sentence: {text!r}")
-        assert text not in seen, f"{role.name}: {name} and {seen.get(text)} share the description {text!r}"
+            f"{role}: the description of {name} is not a sentence: {text!r}"
+        )
+        assert text not in seen, f"{role}: {name} and {seen.get(text)} share the description {text!r}"
         seen[text] = name
 
 
@@ -76,16 +83,17 @@ def test_defaults_hold_bare_values(role):
 
 
 def test_the_wiring_is_checked_once_per_run_not_in_every_play():
-    """eagle3_common has no main entry point (Ansible would check it in every play that lists it or a role depending
+    """eagle3_defaults has no main entry point (Ansible would check it in every play that lists it or a role depending
     on it); the playbooks that run stages import inventory.yml without rolespec_validate: false, so its options are
     checked per host once, in the first play."""
-    specs = yaml.safe_load((ROLES / "eagle3_common" / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    specs = yaml.safe_load((ROLES / "eagle3_defaults" / "meta" / "argument_specs.yml").read_text())["argument_specs"]
     assert "main" not in specs and len(specs["inventory"]["options"]) > 30
     for name in ("deploy", "train", "bench", "smoke"):
         plays = yaml.safe_load((ROOT / "playbooks" / f"{name}.yml").read_text())
         first = next(p for p in plays if p.get("pre_tasks"))
         task = first["pre_tasks"][0]["ansible.builtin.import_role"]
-        assert task["tasks_from"] == "inventory" and task.get("rolespec_validate", True) is True, name
+        assert task["name"] == "eagle3.ops.eagle3_defaults" and task["tasks_from"] == "inventory", name
+        assert task.get("rolespec_validate", True) is True, name
 
 
 STAGE_COMPLETE_PLAY = """- name: Whether a fingerprint may be kept after this run
@@ -93,13 +101,13 @@ STAGE_COMPLETE_PLAY = """- name: Whether a fingerprint may be kept after this ru
   connection: local
   gather_facts: false
   roles:
-    - role: eagle3.ops.eagle3_common
+    - role: eagle3.ops.eagle3_defaults
   tasks:
     - name: Say it
       ansible.builtin.debug:
-        msg: "stage complete: {{ eagle3_common_stage_complete | bool }}"
+        msg: "stage complete: {{ eagle3_defaults_stage_complete | bool }}"
       vars:
-        eagle3_common_stamp_whole_tags: [runtime, data, train]
+        eagle3_defaults_stamp_whole_tags: [runtime, data, train]
       tags: [always]
 """
 
@@ -112,7 +120,7 @@ STAGE_COMPLETE_PLAY = """- name: Whether a fingerprint may be kept after this ru
 )  # fmt: skip
 def test_a_fingerprint_is_kept_only_after_a_run_that_ran_its_stage_whole(tmp_path, args, complete):
     """stamp_record.yml's condition, as Ansible evaluates it: an untagged run, or a tag that selects the stage whole
-    (a runtime's roles carry every tag of eagle3_common_stamp_whole_tags) with nothing skipped; never check mode."""
+    (a runtime's roles carry every tag of eagle3_defaults_stamp_whole_tags) with nothing skipped; never check mode."""
     from tests.conftest import run_playbook
 
     play = tmp_path / "play.yml"

@@ -93,8 +93,19 @@ if mode == "naive":
     save_file(renamed, out, metadata={{"format": "pt"}})
     elapsed = time.perf_counter() - start
 else:
-    import contextlib
-    import _safetensors as codec
+    import atexit, contextlib, shutil, tempfile, types
+    if os.path.exists(os.path.join({utils!r}, "_remap.py")):
+        # The codec in rooms (codec, journal and lock, rewrite): imported by their collection name, as modules do.
+        top = tempfile.mkdtemp(prefix="eagle3-bench-")
+        atexit.register(shutil.rmtree, top, True)
+        os.makedirs(os.path.join(top, "ansible_collections", "eagle3"))
+        os.symlink(os.path.dirname(os.path.dirname(os.path.abspath({utils!r}))),
+                   os.path.join(top, "ansible_collections", "eagle3", "ops"))
+        sys.path.insert(0, top)
+        from ansible_collections.eagle3.ops.plugins.module_utils import _journal, _remap, _safetensors
+        codec = types.SimpleNamespace(**{{**vars(_safetensors), **vars(_journal), **vars(_remap)}})
+    else:  # an earlier release's one-file codec
+        import _safetensors as codec
     start = time.perf_counter()
     # As the modules run it: under the checkpoint directory's lock (when this codec has one), offsets read inside.
     lock = getattr(codec, "CheckpointLock", None)
@@ -145,7 +156,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="runs per method (median reported)")
     ap.add_argument("--codec-dir", default=CODEC_DIR[0],
-                    help="directory of the _safetensors.py to measure (another release's, to compare)")
+                    help="the module_utils directory whose codec to measure (another release's, to compare)")
     args = ap.parse_args()
     CODEC_DIR[0] = args.codec_dir
     work = Path(args.dir)

@@ -178,11 +178,8 @@ class GpuCleanup:
                  if not self.p["require_paths_optional"] or os.path.isdir(os.path.dirname(p))]  # fmt: skip
         if not paths:
             return
-        # Imported here: only a guard with paths reads a checkpoint, and a dry run's script ships what it imports
-        # (plugins/action/gpu_cleanup.py sends _safetensors only with require_paths).
-        from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (  # pylint: disable=import-outside-toplevel
-            file_problem,
-        )
+        # Imported here: only a guard with paths reads a checkpoint's header.
+        from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import file_problem
 
         problems = [why for why in map(file_problem, paths) if why]
         if problems:

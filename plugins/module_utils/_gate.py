@@ -104,6 +104,7 @@ class Gate:
     def too_short(self, smoke: list[dict[str, Any]]) -> str | None:
         """Why no accept length can be read, when the smoke requests ran no speculative step: every reply was
         at most one token (the first token comes from the prefill, no draft is verified before the second)."""
+
         def verified(s: dict[str, Any]) -> bool:  # a second token, or (no count given) some text
             return s["tokens"] > 1 if s["tokens"] is not None else bool(s["chars"])
 
@@ -136,3 +137,30 @@ class Gate:
         info, path = self.info()
         return {"changed": False, "smoke": smoke, "info": info, "info_path": path,
                 "accept_length": self.accept_length(info)}  # fmt: skip
+
+
+def wait_healthy(url: str, timeout: float, interval: float) -> float | None:
+    """Seconds until ``url``/health answered 200, or None after ``timeout`` (polled every ``interval`` seconds)."""
+    started = time.monotonic()
+    deadline = started + timeout
+    health = f"{url.rstrip('/')}/health"
+    while True:
+        if answers(health, min(10.0, max(1.0, deadline - time.monotonic()))):
+            return round(time.monotonic() - started, 2)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
+def accept_refusal(checks: Gate, result: dict[str, Any], least: float | None, context: str, hint: str) -> str | None:
+    """The accept-length gate on a server that answered its smoke requests: None when it passes (or none is set),
+    else the sentence - replies of one token each (nothing was verified, so the length says nothing of the draft),
+    or the length the server reports against the floor, and ``hint``."""
+    got = result.get("accept_length")
+    if least is None or (got is not None and got > least):
+        return None
+    short = checks.too_short(result.get("smoke") or [])
+    if short:
+        return short
+    where = f" {context}" if context else ""
+    return f"The server accepts {'no' if got is None else got} tokens per step{where} (gate: above {least}): {hint}"

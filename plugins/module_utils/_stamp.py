@@ -271,10 +271,8 @@ class StageStamp:
         return out
 
     def write(self, data: dict[str, Any]) -> None:
-        # The writer lives with the checkpoint code; imported here only, as a check never writes.
-        from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
-            write_json_atomic,
-        )
+        # Imported here only, as a check never writes.
+        from ansible_collections.eagle3.ops.plugins.module_utils._atomic import write_json_atomic
 
         try:
             os.makedirs(self.p["dir"], mode=0o755, exist_ok=True)
@@ -285,6 +283,22 @@ class StageStamp:
 
     def answer(self, out: dict[str, Any]) -> dict[str, Any]:
         """``out`` with what a record of this run needs (the check's inputs, read back by stamp_record.yml)."""
-        out.update(controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"],
-                   dir=self.p["dir"])
+        out.update(
+            controller=self.p["controller"] or {}, paths=self.p["paths"], contents=self.p["contents"], dir=self.p["dir"]
+        )
         return out
+
+
+# What a module that keeps a stage's fingerprint after its own work takes (sglang_service's option stamp): the
+# check's inputs; no liveness, which that work has just checked.
+RECORD_SPEC: dict[str, dict[str, Any]] = {
+    k: ARGUMENT_SPEC[k] for k in ("stage", "dir", "controller", "paths", "contents")
+}
+
+
+def record_after(params: dict[str, Any]) -> dict[str, Any]:
+    """Keep a stage's fingerprint from RECORD_SPEC's options (StampError when it cannot be written): what changed
+    (``changed``, ``fingerprint``, ``changed_keys``)."""
+    defaults = {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
+    out = StageStamp({**defaults, **params}).record(check_mode=False)
+    return {k: out[k] for k in ("changed", "fingerprint", "changed_keys")}

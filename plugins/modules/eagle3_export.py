@@ -154,6 +154,11 @@ import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.eagle3.ops.plugins.module_utils._atomic import (
+    copy_file_atomic,
+    stale_temporaries,
+    write_json_atomic,
+)
 from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import (
     ExportError,
     SGLangLine,
@@ -164,20 +169,21 @@ from ansible_collections.eagle3.ops.plugins.module_utils._eagle3 import (
     sglang_config,
     sglang_line,
 )
-from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
+from ansible_collections.eagle3.ops.plugins.module_utils._journal import (
     LockSet,
+    recover,
+)
+from ansible_collections.eagle3.ops.plugins.module_utils._remap import (
     Plan,
-    SafetensorsError,
     build_header,
     check_writable,
-    copy_file_atomic,
-    encode_header,
     plan,
-    read_header,
-    recover,
-    stale_temporaries,
-    write_json_atomic,
     write_rewrite,
+)
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
+    SafetensorsError,
+    encode_header,
+    read_header,
 )
 
 WEIGHTS = "model.safetensors"

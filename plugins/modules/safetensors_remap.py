@@ -147,25 +147,31 @@ import traceback
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
-    INDEX_NAME,
+from ansible_collections.eagle3.ops.plugins.module_utils._atomic import (
+    stale_temporaries,
+    write_json_atomic,
+)
+from ansible_collections.eagle3.ops.plugins.module_utils._journal import (
     CheckpointLock,
+    read_header_as_recovered,
+    recover,
+)
+from ansible_collections.eagle3.ops.plugins.module_utils._remap import (
     Plan,
-    SafetensorsError,
     apply,
     check_writable,
     method_for,
     new_header_bytes,
     plan,
     plan_names,
-    read_header,
-    read_header_as_recovered,
-    read_index,
-    recover,
     rename,
-    stale_temporaries,
     validate_new_header,
-    write_json_atomic,
+)
+from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
+    INDEX_NAME,
+    SafetensorsError,
+    read_header,
+    read_index,
 )
 
 

@@ -224,19 +224,21 @@ log_tail:
 
 import os
 import platform
-import re
 import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.eagle3.ops.plugins.module_utils._gate import GATE_SPEC, Gate, GateError, answers
-from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import write_lines_atomic
+from ansible_collections.eagle3.ops.plugins.module_utils._gate import (
+    GATE_SPEC,
+    Gate,
+    GateError,
+    accept_refusal,
+    wait_healthy,
+)
 from ansible_collections.eagle3.ops.plugins.module_utils._serving import JUDGE_SPEC, model_refusal, run_judge
-from ansible_collections.eagle3.ops.plugins.module_utils._stamp import ARGUMENT_SPEC as STAMP_SPEC
-from ansible_collections.eagle3.ops.plugins.module_utils._stamp import StageStamp, StampError
+from ansible_collections.eagle3.ops.plugins.module_utils._stamp import RECORD_SPEC, StampError, record_after
+from ansible_collections.eagle3.ops.plugins.module_utils._unit import SystemdUnit, UnitError, log_tail
 
-# stage_stamp's own options, those a record reads (the check's inputs)
-STAMP_RECORD_SPEC = {k: STAMP_SPEC[k] for k in ("stage", "dir", "controller", "paths", "contents")}
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "required": True},
     "content": {"type": "str", "required": True},
@@ -249,16 +251,13 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "accept_context": {"type": "str", "default": ""},
     "accept_hint": {"type": "str", "default": "the draft's weights did not take effect."},
     "rollback": {"type": "bool", "default": True},
-    "stamp": {"type": "dict", "options": STAMP_RECORD_SPEC},
+    "stamp": {"type": "dict", "options": RECORD_SPEC},
     "host": {"type": "str"},
     "target": {"type": "path"},
     "draft": {"type": "path"},
     "judge": {"type": "dict", "options": JUDGE_SPEC},
     **GATE_SPEC,
 }
-# What a record reads of a stamp's options beyond O(stamp)'s (no liveness: the gates just checked it).
-STAMP_DEFAULTS: dict[str, Any] = {name: spec.get("default") for name, spec in STAMP_SPEC.items()}
-DRAFT = re.compile(r"--speculative-draft-model-path (\S+)")
 
 
 class ServiceFailed(Exception):
@@ -266,85 +265,31 @@ class ServiceFailed(Exception):
 
 
 class Service:
-    """One server's unit and service on this host."""
+    """One server's switch, in three rooms: its unit and restart (_unit.py), then its gates and the rollback they
+    decide (_gate.py), then its fingerprint (_stamp.py)."""
 
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
         self.p = module.params
-        self.unit = f"{self.p['name']}.service"
-        self.enabled = False
-        self.path = os.path.join(self.p["unit_dir"], self.unit)
+        self.unit = SystemdUnit(self.p["name"], self.p["unit_dir"], module.run_command)
         self.result: dict[str, Any] = {"changed": False, "unit_changed": False, "started": False, "smoke": [],
                                        "info": {}, "info_path": None, "accept_length": None, "rolled_back": None,
                                        "restored_healthy": False}  # fmt: skip
 
-    def systemctl(self, *args: str, check: bool = True) -> int:
-        rc, out, err = self.module.run_command(["systemctl", *args])
-        if rc != 0 and check:
-            raise ServiceFailed(f"systemctl {' '.join(args)} failed (rc {rc}): {(err or out).strip()[-300:]}")
-        return int(rc)
-
-    def read(self) -> str | None:
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
-
-    def write(self, text: str) -> None:
-        """The unit complete or not at all (the project's atomic writer: a temporary beside it, renamed over it)."""
-        write_lines_atomic(self.path, [text])
-        os.chmod(self.path, 0o644)
-
-    def healthy(self, timeout: float) -> float | None:
-        """Seconds until /health answered 200, or None after ``timeout``."""
-        started = time.monotonic()
-        deadline = started + timeout
-        url = f"{self.p['url'].rstrip('/')}/health"
-        while True:
-            if answers(url, min(10.0, max(1.0, deadline - time.monotonic()))):
-                return round(time.monotonic() - started, 2)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(self.p["health_interval"])
-
-    def log_tail(self, lines: int = 8) -> list[str]:
-        if not self.p["log"]:
-            return []
-        try:
-            with open(self.p["log"], "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 16384))
-                return handle.read().decode("utf-8", "replace").splitlines()[-lines:]
-        except OSError:
-            return []
-
-    def plan(self, previous: str | None) -> bool:
-        """Whether the service must be (re)started: a changed unit, or one that does not run."""
-        self.result["unit_changed"] = previous != self.p["content"]
-        running = self.systemctl("is-active", "--quiet", self.unit, check=False) == 0
-        enabled = self.systemctl("is-enabled", "--quiet", self.unit, check=False) == 0
-        self.enabled = enabled
-        self.result["started"] = self.result["unit_changed"] or not running
-        self.result["changed"] = self.result["started"] or not enabled
-        if self.module._diff and self.result["unit_changed"]:
-            self.result["diff"] = {"before": previous or "", "after": self.p["content"],
-                                   "before_header": self.path, "after_header": self.path}  # fmt: skip
-        return bool(self.result["started"])
-
-    def start(self, changed_unit: bool) -> None:
-        if changed_unit:
-            self.write(self.p["content"])
-            self.systemctl("daemon-reload")
-        if not self.enabled:  # enabling reloads systemd's view of every unit: only when needed
-            self.systemctl("enable", "--quiet", self.unit)
-        self.systemctl("restart" if changed_unit else "start", self.unit)
+    def refusal(self) -> str | None:
+        """Before anything (a refusal changes nothing): the target and the draft on disk, then SGLang's judge."""
+        host = self.p["host"] or platform.node()
+        refusal = model_refusal(host, self.p["target"], self.p["draft"])
+        if not refusal and self.p["judge"]:
+            self.result["verdict"], refusal = run_judge(self.p["judge"], host, self.p["draft"])
+        return refusal
 
     def gate(self, since: float) -> None:
-        left = self.p["health_timeout"] - (time.monotonic() - since)
-        waited = self.healthy(max(0.0, left))
+        """Health within what is left of health_timeout since ``since``, then the smoke requests, the accept length."""
+        waited = wait_healthy(self.p["url"], max(0.0, self.p["health_timeout"] - (time.monotonic() - since)),
+                              self.p["health_interval"])  # fmt: skip
         if waited is None:
-            raise ServiceFailed(f"{self.unit} did not answer {self.p['url'].rstrip('/')}/health within "
+            raise ServiceFailed(f"{self.unit.unit} did not answer {self.p['url'].rstrip('/')}/health within "
                                 f"{self.p['health_timeout']} s")  # fmt: skip
         self.result["health_seconds"] = round(time.monotonic() - since, 2)
         checks = Gate(self.p)
@@ -353,42 +298,44 @@ class Service:
         except GateError as exc:
             raise ServiceFailed(f"{str(exc)[0].upper()}{str(exc)[1:]}") from exc
         self.result.update({k: v for k, v in gates.items() if k != "changed"})
-        least = self.p["min_accept_length"]
-        got = self.result["accept_length"]
-        if least is not None and (got is None or got <= least):
-            short = checks.too_short(self.result["smoke"])
-            if short:
-                raise ServiceFailed(short)
-            context = f" {self.p['accept_context']}" if self.p["accept_context"] else ""
-            raise ServiceFailed(f"The server accepts {'no' if got is None else got} tokens per step{context} (gate: "
-                                f"above {least}): {self.p['accept_hint']}")  # fmt: skip
+        refused = accept_refusal(checks, self.result, self.p["min_accept_length"], self.p["accept_context"],
+                                 self.p["accept_hint"])  # fmt: skip
+        if refused:
+            raise ServiceFailed(refused)
 
     def roll_back(self, previous: str | None) -> str:
-        """Put the previous unit back and wait for it; with none, stop and remove the new one."""
+        """The previous unit back and waited for; with none, the new one stopped and removed."""
+        done = self.unit.restore(previous)
         if previous is None:
-            self.systemctl("disable", "--now", "--quiet", self.unit, check=False)
-            if os.path.exists(self.path):
-                os.unlink(self.path)
-            self.systemctl("daemon-reload", check=False)
-            return "no previous service: the new one was stopped and removed"
-        self.write(previous)
-        self.systemctl("daemon-reload", check=False)
-        self.systemctl("restart", self.unit, check=False)
-        self.result["restored_healthy"] = self.healthy(self.p["health_timeout"]) is not None
-        found = DRAFT.search(previous)
+            return done
+        self.result["restored_healthy"] = wait_healthy(self.p["url"], self.p["health_timeout"],
+                                                       self.p["health_interval"]) is not None  # fmt: skip
         health = "healthy" if self.result["restored_healthy"] else "NOT healthy: check it"
-        return f"previous service restored, {health}, draft {found.group(1) if found else 'none'}"
+        return f"previous service restored, {health}, {done}"
+
+    def failed(self, exc: Exception, changed_unit: bool, previous: str | None) -> ServiceFailed:
+        """The failure in one message: what failed, what the rollback did, the end of the server's log."""
+        self.result["log_tail"] = log_tail(self.p["log"])
+        if changed_unit and self.p["rollback"]:
+            self.result["rolled_back"] = self.roll_back(previous)
+            after = f" Rolled back to the previous unit ({self.result['rolled_back']})."
+        elif changed_unit:
+            after = " Not rolled back (rollback is false): the new unit stays."
+        else:
+            after = " No rollback: the unit did not change."
+        tail = " | ".join(self.result["log_tail"])
+        log = f" Server log {self.p['log']} ends with: {tail}" if self.p["log"] else ""
+        return ServiceFailed(f"{str(exc).rstrip('.')}.{after}{log}")
 
     def run(self) -> None:
-        # Before anything: a refusal changes nothing.
-        host = self.p["host"] or platform.node()
-        refusal = model_refusal(host, self.p["target"], self.p["draft"])
-        if not refusal and self.p["judge"]:
-            self.result["verdict"], refusal = run_judge(self.p["judge"], host, self.p["draft"])
+        refusal = self.refusal()
         if refusal:
             raise ServiceFailed(refusal)
-        previous = self.read()
-        must_start = self.plan(previous)
+        previous = self.unit.read()
+        self.result.update(self.unit.plan(previous, self.p["content"]))
+        if self.module._diff and self.result["unit_changed"]:
+            self.result["diff"] = {"before": previous or "", "after": self.p["content"],
+                                   "before_header": self.unit.path, "after_header": self.unit.path}  # fmt: skip
         if self.module.check_mode:
             return
         if self.p["log"]:
@@ -396,36 +343,23 @@ class Service:
         changed_unit = bool(self.result["unit_changed"])
         try:
             since = time.monotonic()
-            if must_start:
-                self.start(changed_unit)
+            if self.result["started"]:
+                self.unit.start(self.p["content"] if changed_unit else None)
             elif self.result["changed"]:
-                self.systemctl("enable", "--quiet", self.unit)
+                self.unit.enable()
             self.gate(since)
-        except ServiceFailed as exc:
-            self.result["log_tail"] = self.log_tail()
-            if changed_unit and self.p["rollback"]:
-                self.result["rolled_back"] = self.roll_back(previous)
-                after = f" Rolled back to the previous unit ({self.result['rolled_back']})."
-            elif changed_unit:
-                after = " Not rolled back (rollback is false): the new unit stays."
-            else:
-                after = " No rollback: the unit did not change."
-            tail = " | ".join(self.result["log_tail"])
-            log = f" Server log {self.p['log']} ends with: {tail}" if self.p["log"] else ""
-            raise ServiceFailed(f"{str(exc).rstrip('.')}.{after}{log}") from exc
+        except (ServiceFailed, UnitError) as exc:
+            raise self.failed(exc, changed_unit, previous) from exc
         self.keep_stamp()
 
     def keep_stamp(self) -> None:
         """The stage's fingerprint, kept now that the server passed its gates (O(stamp))."""
         if not self.p["stamp"]:
             return
-        stamp = StageStamp({**STAMP_DEFAULTS, **self.p["stamp"]})
         try:
-            out = stamp.record(check_mode=False)
+            self.result["stamp"] = record_after(self.p["stamp"])
         except StampError as exc:
             self.module.warn(f"{exc} The server passed its gates; the next run is not converged and runs again.")
-            return
-        self.result["stamp"] = {k: out[k] for k in ("changed", "fingerprint", "changed_keys")}
 
 
 def main() -> None:

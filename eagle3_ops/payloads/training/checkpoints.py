@@ -13,9 +13,11 @@ import os
 import re
 from dataclasses import dataclass
 
-try:  # shipped beside this file (roles copy the codec along)
+try:  # shipped beside this file (links to the collection's module_utils/_safetensors.py and _atomic.py)
+    from . import _atomic as aio
     from . import _safetensors as st
 except ImportError:  # pragma: no cover - run as a loose script
+    import _atomic as aio  # type: ignore[no-redef]
     import _safetensors as st  # type: ignore[no-redef]
 
 REQUIRED = ("model.safetensors", "config.json", "optimizer_state_dict.pt", "scheduler_state_dict.pt",
@@ -78,7 +80,7 @@ def readable_weights(save_dir: str) -> list[str]:
     checkpoint_best) come out 0600 beside 0644 configs: a server that runs as a service user, or reads the share
     with root squashed, could not load them. Only files with no group/other bits are widened.
     """
-    mode = st.new_file_mode()
+    mode = aio.new_file_mode()
     changed: list[str] = []
     if not os.path.isdir(save_dir):
         return changed

@@ -16,10 +16,10 @@ import os
 import sys
 from collections.abc import Iterator
 
-try:  # shipped beside this file (roles copy the codec along)
-    from . import _safetensors as st
+try:  # shipped beside this file (a link to the collection's module_utils/_atomic.py)
+    from . import _atomic as st
 except ImportError:  # pragma: no cover - run as a loose script
-    import _safetensors as st  # type: ignore[no-redef]
+    import _atomic as st  # type: ignore[no-redef]
 
 
 def main(argv: list[str] | None = None) -> int:

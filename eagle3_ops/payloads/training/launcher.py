@@ -71,7 +71,7 @@ def _load_attempts(state: str) -> list[dict[str, Any]]:
 
 
 def _save_attempts(state: str, attempts: list[dict[str, Any]]) -> None:
-    checkpoints.st.write_json_atomic(os.path.join(state, "attempts.json"), attempts)
+    checkpoints.aio.write_json_atomic(os.path.join(state, "attempts.json"), attempts)
 
 
 def _running(state: str) -> dict[str, Any] | None:
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"made {path} readable as its config.json is (safetensors wrote it 0600)")
             result = metrics.collect(args.save_dir)
             result.update(total_seq_len=total, attempts=len(attempts))
-            checkpoints.st.write_json_atomic(os.path.join(args.state, "result.json"), result)
+            checkpoints.aio.write_json_atomic(os.path.join(args.state, "result.json"), result)
             log(f"done: tau={result['tau']} (best epoch {result['best_epoch']}) at total_seq_len={total}")
             return 0
         if STOPPING.is_set():

@@ -32,3 +32,16 @@ def test_changed_keys_and_their_description():
     assert keys == ["stat:/x", "var:b", "var:c"]
     assert stamp.describe(keys) == "stat:/x, b, c"
     assert stamp.describe(["var:a", "var:b", "var:c", "var:d", "var:e", "var:f"]) == "a, b, c, d and 2 more"
+
+
+def test_a_record_after_the_gates_keeps_the_fingerprint_and_says_what_changed(tmp_path):
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "w").write_text("1")
+    params = {"stage": "deploy", "dir": str(tmp_path / "stamps"), "controller": {"var:draft_tokens": "16"},
+              "paths": [str(tmp_path / "draft")], "contents": []}  # fmt: skip
+    first = stamp.record_after(params)
+    assert first["changed"] is True and len(first["fingerprint"]) > 12
+    assert stamp.record_after(params) == {**first, "changed": False, "changed_keys": []}
+    params["controller"] = {"var:draft_tokens": "5"}
+    assert stamp.record_after(params)["changed_keys"] == ["var:draft_tokens"]
+    assert set(stamp.RECORD_SPEC) == {"stage", "dir", "controller", "paths", "contents"}

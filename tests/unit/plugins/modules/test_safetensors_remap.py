@@ -15,10 +15,15 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from tests.modules import ROOT, load_module, run_module
+from tests.modules import (
+    ROOT,
+    load_module,
+    module_utils,  # the codec's rooms by their collection name, as the modules import them
+    run_module,
+)
 
-sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
-import _safetensors as codec
+codec = module_utils("_safetensors")
+remap_utils = module_utils("_remap")
 
 H = 16  # hidden size of the tiny drafter
 
@@ -67,7 +72,7 @@ def test_in_place_rename_loads_with_safetensors(ckpt, capsys):
     assert res["changed"] is True and res["files"][0]["method"] == "in_place"
     assert res["files"][0]["renamed"] == 10
     after = load_file(str(ckpt))
-    assert sorted(after) == sorted(codec.rename(k, [("layers.0.", "midlayer.")]) for k in before)
+    assert sorted(after) == sorted(remap_utils.rename(k, [("layers.0.", "midlayer.")]) for k in before)
     for old, new in res["renames"]:
         np.testing.assert_array_equal(before[old], after[new])
     assert ckpt.stat().st_size == size
@@ -343,7 +348,7 @@ def test_killed_in_place_rewrite_recovers(ckpt, capsys, point):
     assert res["changed"] and res["files"][0]["recovered"] is True
     assert not journal.exists()
     after = load_file(str(ckpt))
-    assert sorted(after) == sorted(codec.rename(k, [("layers.0.", "midlayer.")]) for k in before)
+    assert sorted(after) == sorted(remap_utils.rename(k, [("layers.0.", "midlayer.")]) for k in before)
     assert len(ckpt.read_bytes()) == len(original)
 
 
@@ -430,13 +435,13 @@ def test_a_failed_index_write_says_which_shards_were_rewritten(tmp_path, capsys,
     import errno
 
     shard_a, shard_b = _sharded(tmp_path)
-    load_module("safetensors_remap")  # registers the codec under its ansible.module_utils name
-    codec_mod = sys.modules["ansible_collections.eagle3.ops.plugins.module_utils._safetensors"]
+    load_module("safetensors_remap")  # registers the writers under their ansible.module_utils names
+    atomic_mod = sys.modules["ansible_collections.eagle3.ops.plugins.module_utils._atomic"]
 
     def no_space(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device", path)
 
-    monkeypatch.setattr(codec_mod, "write_json_atomic", no_space)
+    monkeypatch.setattr(atomic_mod, "write_json_atomic", no_space)
     res = remap(capsys, path=str(tmp_path))
     assert res["failed"] and "the original is unchanged" not in res["msg"]
     assert f"already rewritten: {shard_a}, {shard_b}" in res["msg"]

@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests.modules import ROOT, init_collection_loader, run_module
+from tests.modules import ROOT, init_collection_loader, module_utils, run_module
 from tests.unit.plugins.modules.test_eagle3_export import speculators_config
-from tests.unit.plugins.modules.test_safetensors_remap import _small_mount, codec, drafter_tensors, sha
+from tests.unit.plugins.modules.test_safetensors_remap import _small_mount, codec, drafter_tensors, remap_utils, sha
 
 RULES = [("layers.0.", "midlayer.")]
 LONG = [{"from": "layers.0.", "to": "a_much_longer_prefix_than_before_so_the_header_grows."}]
+
+atomic_utils = module_utils("_atomic")
 
 # A module run in a process of its own, printing its result as ansible's module runner would.
 MODULE_SCRIPT = """
@@ -82,7 +84,7 @@ def data_section(path: Path) -> bytes:
 
 
 def tensors_by_renamed(before: dict[str, np.ndarray], rules: list[tuple[str, str]]) -> dict[str, np.ndarray]:
-    return {codec.rename(k, rules): v for k, v in before.items()}
+    return {remap_utils.rename(k, rules): v for k, v in before.items()}
 
 
 def assert_same_tensors(path: Path, expected: dict[str, np.ndarray]) -> None:
@@ -187,12 +189,12 @@ def test_two_exports_into_one_shared_draft_are_serialised(tmp_path):
 
 def test_temporary_names_differ_for_one_pid_and_other_hosts_leftovers_are_stale(ckpt, monkeypatch):
     monkeypatch.setattr(os, "getpid", lambda: 4242)  # two containers on one share, the same PID at once
-    names = {codec.temporary_path(str(ckpt)) for _ in range(50)}
+    names = {atomic_utils.temporary_path(str(ckpt)) for _ in range(50)}
     assert len(names) == 50 and all("-4242-" in n for n in names)
     monkeypatch.undo()
     other_host = ckpt.parent / f".{ckpt.name}.tmp-trainer2-{os.getpid()}-0123abcd"  # a killed run on another host
     other_host.write_bytes(b"\0" * 64)
-    assert codec.stale_temporaries([str(ckpt)]) == [str(other_host)]
+    assert atomic_utils.stale_temporaries([str(ckpt)]) == [str(other_host)]
 
 
 # -- short writes and full disks ----------------------------------------------------------------
@@ -303,15 +305,15 @@ def test_a_rename_onto_the_reserved_metadata_name_is_refused_on_both_paths(ckpt,
 
 def test_a_header_the_reader_would_refuse_is_never_written_on_either_path(ckpt):
     header = codec.read_header(str(ckpt))
-    pl = codec.plan(header, RULES, [])
-    obj, _unused = codec.build_header(pl, compact=False)
+    pl = remap_utils.plan(header, RULES, [])
+    obj, _unused = remap_utils.build_header(pl, compact=False)
     obj["midlayer.mlp.up_proj.weight"]["data_offsets"][1] += 4  # a span that no longer matches its shape
     for new in (codec.encode_header(obj, pad_to=header.header_len), codec.encode_header(obj)):
         with pytest.raises(codec.SafetensorsError, match="would not load"):
             if len(new) == len(header.raw):
-                codec.write_in_place(header, new)
+                remap_utils.write_in_place(header, new)
             else:
-                codec.write_rewrite(header, new, None)
+                remap_utils.write_rewrite(header, new, None)
     assert sorted(p.name for p in ckpt.parent.iterdir()) == ["model.safetensors"]
 
 
@@ -376,8 +378,10 @@ def test_a_failed_export_says_what_reached_the_disk(tmp_path, capsys, monkeypatc
     (epoch / "config.json").write_text(json.dumps(speculators_config()))
     args = {"src": str(epoch), "dest": str(tmp_path / "draft"), "sglang_version": "0.5.23"}
     run_module("eagle3_export", {**args, "dest": str(tmp_path / "warm")}, capsys=capsys)  # loads the module
-    codec_mod = sys.modules["ansible_collections.eagle3.ops.plugins.module_utils._safetensors"]
-    real = codec_mod.write_all
+    # Every room that writes (whole files, header rewrites) fills the disk alike.
+    writers = [sys.modules[f"ansible_collections.eagle3.ops.plugins.module_utils.{m}"]
+               for m in ("_atomic", "_journal", "_remap")]  # fmt: skip
+    real = writers[0].write_all
 
     def full_after(limit: int):
         calls = []
@@ -391,12 +395,16 @@ def test_a_failed_export_says_what_reached_the_disk(tmp_path, capsys, monkeypatc
         return write_all
 
     # Full before the weights: nothing reached the disk, and no directory is left behind.
-    monkeypatch.setattr(codec_mod, "write_all", full_after(2))  # the two locks' notes fit, the weights do not
+    full = full_after(2)  # the two locks' notes fit, the weights do not
+    for mod in writers:
+        monkeypatch.setattr(mod, "write_all", full)
     res = run_module("eagle3_export", args, capsys=capsys)
     assert res["failed"] and res["changed"] is False and "nothing was changed" in res["msg"], res["msg"]
     assert not (tmp_path / "draft").exists()
     # Full after the weights: the weights changed on disk, so the run says so; a rerun converges.
-    monkeypatch.setattr(codec_mod, "write_all", full_after(3))  # ... and the weights' header, not the config
+    full = full_after(3)  # ... and the weights' header, not the config
+    for mod in writers:
+        monkeypatch.setattr(mod, "write_all", full)
     res = run_module("eagle3_export", args, capsys=capsys)
     assert res["failed"] and res["changed"] is True and "part of the draft was written" in res["msg"], res["msg"]
     assert sorted(p.name for p in (tmp_path / "draft").iterdir()) == ["model.safetensors"]

@@ -7,7 +7,9 @@ It serves the endpoints eagle3-ops uses - ``/health``, ``/health_generate``, ``/
 to drain a server) - on top of
 :mod:`serving.engine`. Unknown arguments are refused, as SGLang refuses them; arguments that only matter
 on GPUs (tensor parallel size, memory fraction) are accepted and reported. Decoding is greedy: a request
-with temperature > 0 gets HTTP 400 instead of silently different sampling.
+with temperature > 0 gets HTTP 400 instead of silently different sampling. With ``--api-key`` every endpoint but
+the health, readiness and metrics probes asks for ``Authorization: Bearer KEY``, as SGLang's does
+(:func:`auth_status`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -27,6 +30,22 @@ from serving.engine import DraftLoadError, Engine
 
 class BadRequest(Exception):
     pass
+
+
+# Paths SGLang answers without a key, by prefix (sglang/srt/utils/auth.py, decide_request_auth: probes and scrapers).
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+
+
+def auth_status(method: str, path: str, authorization: str | None, api_key: str | None) -> int | None:
+    """None when SGLang 0.5.23 lets the request through, else the status it answers (401): its decision for the
+    endpoints this engine serves, which are all of its NORMAL level - OPTIONS and the open probes pass, and with an
+    API key set every other request needs ``Bearer <key>`` (compared in constant time)."""
+    if method == "OPTIONS" or path.startswith(OPEN_PREFIXES) or not api_key:
+        return None
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer" and token and secrets.compare_digest(token, api_key):
+        return None
+    return 401
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,6 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--api-key", help="the key every request but the health, readiness and metrics probes must send")
     ap.add_argument("--device", choices=["cpu"], default="cpu", help="the reference engine runs on the CPU")
     ap.add_argument("--speculative-draft-window-size", type=int,
                     help="the draft's sliding window; the reference engine attends to everything, so it accepts a "
@@ -113,7 +133,20 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 raise BadRequest("the request body must be a JSON object")
             return body
 
+        def _refused(self) -> bool:
+            """Answer 401 as SGLang does when the request lacks the server's key (auth_status)."""
+            status = auth_status(self.command, self.path.split("?")[0], self.headers.get("Authorization"), args.api_key)
+            if status is None:
+                return False
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)  # the body is read, so the connection stays usable
+            self._send(status, {"error": "Unauthorized"})
+            return True
+
         def do_GET(self) -> None:
+            if self._refused():
+                return
             path = self.path.split("?")[0]
             if path == "/health":
                 self._send(200, b"", "text/plain")
@@ -131,6 +164,8 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 self._send(404, {"error": {"message": f"no route {path}"}})
 
         def do_POST(self) -> None:
+            if self._refused():
+                return
             with in_flight_lock:
                 in_flight[0] += 1
             try:

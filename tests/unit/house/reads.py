@@ -77,6 +77,8 @@ def _walk(node: Any, key: str | None, reads: set[str], defined: set[str]) -> Non
                 defined.add(v)
             elif k in ("ansible.builtin.set_fact", "vars") and isinstance(v, dict):
                 defined.update(v)
+            elif k == "ansible.builtin.include_vars" and isinstance(v, dict) and "name" in v:
+                defined.add(v["name"])
             elif k == "loop_control" and isinstance(v, dict) and "loop_var" in v:
                 defined.add(v["loop_var"])
             _walk(v, k, reads, defined)

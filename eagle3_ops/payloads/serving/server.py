@@ -42,7 +42,7 @@ def auth_status(method: str, path: str, authorization: str | None, api_key: str 
     API key set every other request needs ``Bearer <key>`` (compared in constant time)."""
     if method == "OPTIONS" or path.startswith(OPEN_PREFIXES) or not api_key:
         return None
-    scheme, _, token = (authorization or "").partition(" ")
+    scheme, _sep, token = (authorization or "").partition(" ")
     if scheme.lower() == "bearer" and token and secrets.compare_digest(token, api_key):
         return None
     return 401

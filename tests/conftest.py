@@ -81,6 +81,13 @@ init_collection_loader()
 USER_LAB_ROOT = Path("/var/lib/eagle3-lab")
 
 
+def serving_keys(inventory: Path = TEST_INVENTORY) -> dict[str, str]:
+    """The serving plane's keys (api, admin) that a deploy generated beside ``inventory`` (eagle3_common's keys)."""
+    import yaml
+
+    return yaml.safe_load((inventory / "eagle3-keys.yml").read_text())
+
+
 def ansible_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

@@ -18,7 +18,7 @@ from ansible_collections.eagle3.ops.plugins.module_utils._stamp import digest, f
 from ansible_collections.eagle3.ops.plugins.plugin_utils._collection import COLLECTION, collection_digest
 
 # Never fingerprinted, whatever a role declares: a digest of a short secret can be guessed.
-_SECRET = re.compile(r"(?i).*(password|passphrase|secret|api_?key|private_key)")
+_SECRET = re.compile(r"(?i).*(password|passphrase|secret|api_?key|admin_?key|private_key)")
 _declared: dict[Path, list[str]] = {}
 
 

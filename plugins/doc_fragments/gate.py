@@ -39,4 +39,9 @@ options:
     type: list
     elements: str
     default: [get_server_info, server_info]
+  api_key:
+    description:
+      - The server's API key (SGLang's C(--api-key)), sent as an C(Authorization) bearer with the smoke requests and the
+        server-info read (C(/health) asks for none); left out, none is sent. Never logged.
+    type: str
 """

@@ -129,14 +129,15 @@ def stale_temporaries(paths: list[str], locked: bool = True) -> list[str]:
     return stale
 
 
-def _replace_atomic(path: str, fill: Callable[[int], None]) -> None:
+def _replace_atomic(path: str, fill: Callable[[int], None], mode: int | None = None) -> None:
     """``fill`` a temporary beside ``path``, fsync it and rename it over ``path``: complete or absent, never partial.
 
-    The temporary is removed on every error; the file keeps the mode of the one it replaces (a new one gets
-    0666 less the umask).
+    The temporary is removed on every error; the file gets ``mode``, or else keeps the mode of the one it replaces
+    (a new one gets 0666 less the umask). The temporary is 0600 from its creation, so a secret is never readable
+    by others on its way in.
     """
     tmp = temporary_path(path)
-    mode = _mode_for(path)
+    mode = _mode_for(path) if mode is None else mode
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -161,7 +162,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
     _replace_atomic(path, lambda fd: write_all(fd, data, 0))
 
 
-def write_lines_atomic(path: str, lines: Iterable[str]) -> int:
+def write_lines_atomic(path: str, lines: Iterable[str], mode: int | None = None) -> int:
     """Write text ``lines`` (each with its own newline), as they come, to ``path`` through a temporary of its own
     (see _replace_atomic): an error raised while they are produced leaves ``path`` as it was, and writers of one
     shared file on several hosts each rename a complete file over it. Returns the bytes written."""
@@ -181,7 +182,7 @@ def write_lines_atomic(path: str, lines: Iterable[str]) -> int:
         write_all(fd, b"".join(chunk), written)
         written += size
 
-    _replace_atomic(path, fill)
+    _replace_atomic(path, fill, mode)
     return written
 
 

@@ -11,6 +11,7 @@ import urllib.error
 from typing import Any
 
 from ansible.module_utils.urls import open_url
+from ansible_collections.eagle3.ops.plugins.module_utils._auth import API_KEY_SPEC, bearer, refused
 from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
 
 # The options of a server's gates (the sglang_gate and sglang_service modules): the smoke requests and where the
@@ -21,6 +22,7 @@ GATE_SPEC: dict[str, dict[str, Any]] = {
     "max_tokens": {"type": "int", "default": 64, "no_log": False},  # a count, not a secret
     "timeout": {"type": "float", "default": 300},
     "info_paths": {"type": "list", "elements": "str", "default": ["get_server_info", "server_info"]},
+    **API_KEY_SPEC,
 }
 
 
@@ -28,10 +30,10 @@ class GateError(Exception):
     pass
 
 
-def request(url: str, timeout: float, body: dict[str, Any] | None = None) -> Any:
-    """GET (or POST ``body`` as JSON) one URL of a server and return its JSON answer."""
+def request(url: str, timeout: float, body: dict[str, Any] | None = None, key: str | None = None) -> Any:
+    """GET (or POST ``body`` as JSON) one URL of a server, with its API key when set, and return its JSON answer."""
     data = None if body is None else json.dumps(body)
-    headers = {} if body is None else {"Content-Type": "application/json"}
+    headers = bearer(key, {} if body is None else {"Content-Type": "application/json"})
     with open_url(url, method="GET" if body is None else "POST", data=data, headers=headers, timeout=timeout) as resp:
         return json.loads(resp.read().decode("utf-8", "replace"))
 
@@ -60,10 +62,11 @@ class Gate:
         for i, prompt in enumerate(prompts, 1):
             started = time.monotonic()
             try:
-                answer = request(where, self.p["timeout"], self.body(prompt))
+                answer = request(where, self.p["timeout"], self.body(prompt), self.p["api_key"])
             except urllib.error.HTTPError as exc:
+                why = refused(exc.code, f"the smoke request {i} of {len(prompts)} to {where}", self.p["api_key"], "API")
                 detail = exc.read().decode("utf-8", "replace")[:300] if exc.fp else ""
-                raise GateError(f"the smoke request {i} of {len(prompts)} to {where} answered HTTP "
+                raise GateError(why or f"the smoke request {i} of {len(prompts)} to {where} answered HTTP "
                                 f"{exc.code} {detail}".rstrip()) from exc  # fmt: skip
             except (OSError, urllib.error.URLError, ValueError) as exc:
                 raise GateError(f"the smoke request {i} of {len(prompts)} to {where} failed: {exc}") from exc
@@ -118,7 +121,7 @@ class Gate:
     def info(self) -> tuple[dict[str, Any], str | None]:
         for path in self.p["info_paths"]:
             try:
-                got = request(f"{self.base}/{path.lstrip('/')}", self.p["timeout"])
+                got = request(f"{self.base}/{path.lstrip('/')}", self.p["timeout"], key=self.p["api_key"])
             except (OSError, urllib.error.URLError, ValueError):
                 continue
             if isinstance(got, dict):

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ansible_collections.eagle3.ops.plugins.module_utils._auth import bearer
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_named
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
@@ -35,7 +36,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "units": {"type": "list", "elements": "str", "default": []},
     "urls": {"type": "list", "elements": "str", "default": []},
     "router": {"type": "dict", "options": {"url": {"type": "str", "required": True},
-                                           "worker": {"type": "str", "required": True}}},
+                                           "worker": {"type": "str", "required": True},
+                                           "admin_key": {"type": "str", "no_log": True}}},
     "timeout": {"type": "float", "default": 5},
     "reads": {"type": "dict", "default": {}},
     "probes": {"type": "list", "elements": "dict", "default": [],
@@ -202,11 +204,12 @@ class StageStamp:
             raise StampError(f"Cannot fingerprint the {self.p['stage']} stage: {exc}.") from exc
         return keys
 
-    def _get(self, url: str) -> Any:
+    def _get(self, url: str, key: str | None = None) -> Any:
         from urllib import request  # pylint: disable=import-outside-toplevel
 
         # The host's own server and the lab's or the fleet's router: never through a proxy of the environment.
-        with request.build_opener(request.ProxyHandler({})).open(url, timeout=self.p["timeout"]) as resp:
+        opener = request.build_opener(request.ProxyHandler({}))
+        with opener.open(request.Request(url, headers=bearer(key)), timeout=self.p["timeout"]) as resp:  # noqa: S310 - http(s) URLs of the host and its router
             raw = resp.read().decode("utf-8", "replace")
         return json.loads(raw) if raw.strip().startswith(("{", "[")) else raw
 
@@ -233,7 +236,7 @@ class StageStamp:
         router = self.p["router"]
         if router:
             try:
-                listed = self._get(router["url"].rstrip("/") + "/workers")
+                listed = self._get(router["url"].rstrip("/") + "/workers", router.get("admin_key"))
             except Exception as exc:  # as above
                 return f"the router at {router['url']} does not answer ({exc})"
             mine = worker_named(listed.get("workers") if isinstance(listed, dict) else None, router["worker"])

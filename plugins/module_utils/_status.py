@@ -11,6 +11,7 @@ import subprocess
 from typing import Any
 from urllib.parse import urlsplit
 
+from ansible_collections.eagle3.ops.plugins.module_utils._auth import ADMIN_KEY_SPEC, API_KEY_SPEC, bearer
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_rows
 from ansible_collections.eagle3.ops.plugins.module_utils._serving import reported_accept_length
 from ansible_collections.eagle3.ops.plugins.module_utils._smi import SMI_GPU_FIELDS, smi_argv, smi_rows
@@ -23,6 +24,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "server_url": {"type": "str", "default": ""},
     "router_url": {"type": "str", "default": ""},
     "timeout": {"type": "float", "default": 5},
+    **API_KEY_SPEC,
+    **ADMIN_KEY_SPEC,
 }
 
 
@@ -58,14 +61,14 @@ class StatusReader:
     def serving(self) -> dict[str, Any] | None:
         if not self.p["server_url"]:
             return None
-        info = self._json(self.p["server_url"].rstrip("/") + "/get_server_info")
+        info = self._json(self.p["server_url"].rstrip("/") + "/get_server_info", self.p["api_key"])
         if not isinstance(info, dict):
             return None
         return {"draft": info.get("speculative_draft_model_path"),
                 "draft_tokens": info.get("speculative_num_draft_tokens"),
                 "accept_length": reported_accept_length(info)}  # fmt: skip
 
-    def _json(self, url: str) -> Any:
+    def _json(self, url: str, key: str | None) -> Any:
         try:
             parts = urlsplit(url)
             port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -81,7 +84,8 @@ class StatusReader:
         # The server and the router are the host's own (or the lab's bridge): never through a proxy of the environment.
         opener = request.build_opener(request.ProxyHandler({}))
         try:
-            with opener.open(url, timeout=self.p["timeout"]) as resp:
+            # http(s) only: _json checked the scheme above
+            with opener.open(request.Request(url, headers=bearer(key)), timeout=self.p["timeout"]) as resp:  # noqa: S310
                 return json.loads(resp.read().decode("utf-8", "replace"))
         except (OSError, error.URLError, ValueError):
             return None
@@ -89,7 +93,7 @@ class StatusReader:
     def router(self) -> list[dict[str, Any]] | None:
         if not self.p["router_url"]:
             return None
-        listed = self._json(self.p["router_url"].rstrip("/") + "/workers")
+        listed = self._json(self.p["router_url"].rstrip("/") + "/workers", self.p["admin_key"])
         if not isinstance(listed, dict):
             return None
         return worker_rows(listed.get("workers"))

@@ -22,12 +22,15 @@ class UnitError(Exception):
 
 
 class SystemdUnit:
-    """One service's unit file and systemctl, through ``run`` (AnsibleModule.run_command's shape: argv -> rc, out,
-    err)."""
+    """One service's unit file, its environment file (the secrets its command line names, mode 0600: kept out of
+    the world-readable unit) and systemctl, through ``run`` (AnsibleModule.run_command's shape: argv -> rc, out,
+    err). The unit and its environment are one thing to compare, write and put back."""
 
-    def __init__(self, name: str, unit_dir: str, run: Callable[[list[str]], tuple[int, str, str]]) -> None:
+    def __init__(self, name: str, unit_dir: str, run: Callable[[list[str]], tuple[int, str, str]],
+                 env_file: str | None = None) -> None:  # fmt: skip
         self.unit = f"{name}.service"
         self.path = os.path.join(unit_dir, self.unit)
+        self.env_file = env_file
         self.run = run
         self.enabled = False
 
@@ -44,24 +47,42 @@ class SystemdUnit:
         except FileNotFoundError:
             return None
 
-    def write(self, text: str) -> None:
-        """The unit complete or not at all (a temporary beside it, renamed over it)."""
+    def read_env(self) -> str | None:
+        if not self.env_file:
+            return None
+        try:
+            with open(self.env_file, encoding="utf-8") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def write(self, text: str, env: str | None = None) -> None:
+        """The unit complete or not at all (a temporary beside it, renamed over it), its environment file first (mode
+        0600 from its creation, in a 0700 directory) when it has one."""
+        if self.env_file and env is not None:
+            os.makedirs(os.path.dirname(self.env_file) or ".", mode=0o700, exist_ok=True)
+            write_lines_atomic(self.env_file, [env], mode=0o600)
         write_lines_atomic(self.path, [text])
         os.chmod(self.path, 0o644)
 
-    def plan(self, previous: str | None, content: str) -> dict[str, Any]:
-        """What a call would do: ``unit_changed`` (the text differs), ``started`` (a changed unit, or a service that
-        does not run, is (re)started) and ``changed`` (that, or the service is not enabled)."""
-        changed_unit = previous != content
+    def plan(self, previous: str | None, content: str, previous_env: str | None = None,
+             env: str | None = None) -> dict[str, Any]:  # fmt: skip
+        """What a call would do: ``unit_changed`` (the text differs, or its environment does), ``env_changed``,
+        ``started`` (a changed unit, or a service that does not run, is (re)started) and ``changed`` (that, or the
+        service is not enabled)."""
+        env_changed = bool(self.env_file) and env is not None and previous_env != env
+        changed_unit = previous != content or env_changed
         running = self.systemctl("is-active", "--quiet", self.unit, check=False) == 0
         self.enabled = self.systemctl("is-enabled", "--quiet", self.unit, check=False) == 0
         started = changed_unit or not running
-        return {"unit_changed": changed_unit, "started": started, "changed": started or not self.enabled}
+        return {"unit_changed": changed_unit, "env_changed": env_changed, "started": started,
+                "changed": started or not self.enabled}  # fmt: skip
 
-    def start(self, content: str | None) -> None:
-        """Write ``content`` (when the unit changed), enable the service if it is not, and (re)start it."""
+    def start(self, content: str | None, env: str | None = None) -> None:
+        """Write ``content`` and ``env`` (when the unit changed), enable the service if it is not, and (re)start
+        it."""
         if content is not None:
-            self.write(content)
+            self.write(content, env)
             self.systemctl("daemon-reload")
         if not self.enabled:  # enabling reloads systemd's view of every unit: only when needed
             self.systemctl("enable", "--quiet", self.unit)
@@ -70,16 +91,19 @@ class SystemdUnit:
     def enable(self) -> None:
         self.systemctl("enable", "--quiet", self.unit)
 
-    def restore(self, previous: str | None) -> str:
-        """Put the previous unit back and restart it (the caller waits for its health); with none, stop, disable and
-        remove the new one. Returns what it did, in words."""
+    def restore(self, previous: str | None, previous_env: str | None = None) -> str:
+        """Put the previous unit (and environment) back and restart it (the caller waits for its health); with none,
+        stop, disable and remove the new one and its environment. Returns what it did, in words."""
         if previous is None:
             self.systemctl("disable", "--now", "--quiet", self.unit, check=False)
-            if os.path.exists(self.path):
-                os.unlink(self.path)
+            for path in (self.path, self.env_file):
+                if path and os.path.exists(path):
+                    os.unlink(path)
             self.systemctl("daemon-reload", check=False)
             return "no previous service: the new one was stopped and removed"
-        self.write(previous)
+        if self.env_file and previous_env is None and os.path.exists(self.env_file):
+            os.unlink(self.env_file)
+        self.write(previous, previous_env)
         self.systemctl("daemon-reload", check=False)
         self.systemctl("restart", self.unit, check=False)
         found = DRAFT.search(previous)

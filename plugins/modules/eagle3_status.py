@@ -43,6 +43,12 @@ options:
     description: Seconds each read may take.
     type: float
     default: 5
+  api_key:
+    description: The server's API key (SGLang's C(--api-key)), sent with the server-info read. Never logged.
+    type: str
+  admin_key:
+    description: The router's control-plane admin key, sent with the C(/workers) read. Never logged.
+    type: str
 attributes:
   check_mode:
     description: Reads the same in check mode.
@@ -52,10 +58,7 @@ attributes:
     support: none
 notes:
   - Read-only; C(changed) is always false.
-  - Its action plugin checks the arguments on the controller and runs the reader (standard library only) as one
-    short Python script through the connection, without ansible's module wrapper, when the host's Python is known
-    (C(ansible_python_interpreter) or a discovered one) and the connection pipelines without become; otherwise, or
-    when that script cannot run there, this module runs as any other.
+  - A server or router that refuses the key it was sent (or asks for one) reads as one that does not answer.
 """
 
 EXAMPLES = r"""

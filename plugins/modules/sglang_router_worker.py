@@ -47,6 +47,17 @@ options:
     description: Seconds between two reads while waiting.
     type: float
     default: 0.5
+  admin_key:
+    description:
+      - The router's control-plane admin key (smg's C(--control-plane-api-keys ID:NAME:admin:KEY)), sent as
+        an C(Authorization) bearer with every C(/workers) call; left out, none is sent. Never logged.
+    type: str
+  api_key:
+    description:
+      - The server's API key (SGLang's C(--api-key)), given to the router with the server it adds (smg 1.13 reaches a
+        worker added through its API with that key, not with its own C(--api-key)), and sent with the drain's
+        C(/v1/loads) reads. Never logged.
+    type: str
 attributes:
   check_mode:
     description: Says whether the server would be added or removed; nothing changes.
@@ -92,6 +103,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.eagle3.ops.plugins.module_utils._auth import ADMIN_KEY_SPEC, API_KEY_SPEC, bearer, refused
 from ansible_collections.eagle3.ops.plugins.module_utils._router import worker_named, worker_rows
 
 
@@ -108,16 +120,27 @@ class RouterWorker:
         self.url = params["url"].rstrip("/")
         self.check_mode = check_mode
 
-    def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+    def _call(self, method: str, url: str, body: dict[str, Any] | None = None, key: str | None = None) -> Any:
+        """One JSON call, with ``key`` as its bearer (the router's admin key, or the server's API key)."""
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = bearer(key, {"Content-Type": "application/json"} if body is not None else {})
         with open_url(url, method=method, data=data, headers=headers, timeout=30) as resp:
             raw = resp.read().decode("utf-8", "replace")
         return json.loads(raw) if raw.strip() else {}
 
+    def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """A call to the router's control plane, with its admin key; a refused key is named as such."""
+        try:
+            return self._call(method, self.router + path, body, self.p["admin_key"])
+        except urllib.error.HTTPError as exc:
+            why = refused(exc.code, f"The router at {self.router}", self.p["admin_key"], "admin")
+            if why:
+                raise RouterError(why) from None
+            raise
+
     def workers(self) -> list[dict[str, Any]]:
         try:
-            listed = self._call("GET", self.router + "/workers")
+            listed = self.control("GET", "/workers")
         except (OSError, urllib.error.URLError, ValueError) as exc:
             raise RouterError(f"The router at {self.router} does not answer GET /workers ({exc}): start it "
                               "(the sglang_router role) or fix sglang_serve_router_url.") from None  # fmt: skip
@@ -130,7 +153,7 @@ class RouterWorker:
     def server_load(self) -> int | None:
         """Requests running or waiting on the server (SGLang's /v1/loads), or None if it does not say."""
         try:
-            loads = self._call("GET", self.url + "/v1/loads?include=core").get("loads")
+            loads = self._call("GET", self.url + "/v1/loads?include=core", key=self.p["api_key"]).get("loads")
             return sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0)) for x in loads)
         except (OSError, urllib.error.URLError, ValueError, TypeError, AttributeError):
             return None
@@ -156,7 +179,10 @@ class RouterWorker:
         added = mine is None
         if mine is None:
             try:
-                self._call("POST", self.router + "/workers", {"url": self.url})
+                # smg 1.13 reaches a worker added here with the api_key of this body, not its own --api-key (without
+                # one, its health checks and every request it forwards go unauthenticated).
+                self.control("POST", "/workers", {"url": self.url, **({"api_key": self.p["api_key"]}
+                                                                      if self.p["api_key"] else {})})  # fmt: skip
             except urllib.error.HTTPError as exc:
                 if exc.code != 409:
                     raise RouterError(f"The router at {self.router} refused to add {self.url} ({exc}): check the "
@@ -179,7 +205,7 @@ class RouterWorker:
             return out
         first = self.server_load() if self.p["drain"] else None
         try:
-            self._call("DELETE", f"{self.router}/workers/{mine['id']}")
+            self.control("DELETE", f"/workers/{mine['id']}")
         except (OSError, urllib.error.URLError, ValueError) as exc:
             raise RouterError(f"The router at {self.router} refused to remove {self.url} ({exc}).") from None
         t0 = time.monotonic()
@@ -230,6 +256,8 @@ def main() -> None:
             "drain": {"type": "bool", "default": True},
             "timeout": {"type": "float", "default": 600},
             "poll": {"type": "float", "default": 0.5},
+            **API_KEY_SPEC,
+            **ADMIN_KEY_SPEC,
         },
         supports_check_mode=True,
     )

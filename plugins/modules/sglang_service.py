@@ -38,6 +38,15 @@ options:
     description: Where systemd reads the unit (the unit is O(unit_dir)/O(name).service).
     type: path
     default: /etc/systemd/system
+  env:
+    description:
+      - Secrets the unit's command line names as C(${NAME}) (the server's API keys), written to O(env_file) (mode
+        0600, root's only) and never into the world-readable unit. A change of one is a change of the unit (the
+        server restarts), and a rollback puts the previous values back; never logged, and the diff does not show them.
+    type: dict
+  env_file:
+    description: The environment file the unit names (C(EnvironmentFile=)); required with O(env).
+    type: path
   url:
     description: Base URL of the server as this host reaches it (for instance C(http://127.0.0.1:30000)).
     type: str
@@ -169,7 +178,11 @@ EXAMPLES = r"""
 
 RETURN = r"""
 unit_changed:
-  description: Whether the unit's text changed (in check mode, would change).
+  description: Whether the unit's text, or its O(env), changed (in check mode, would change).
+  returned: always
+  type: bool
+env_changed:
+  description: Whether O(env) changed (its values are not returned).
   returned: always
   type: bool
 started:
@@ -243,6 +256,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "required": True},
     "content": {"type": "str", "required": True},
     "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
+    "env": {"type": "dict", "no_log": True},
+    "env_file": {"type": "path"},
     "url": {"type": "str", "required": True},
     "health_timeout": {"type": "int", "default": 600},
     "health_interval": {"type": "float", "default": 0.05},
@@ -271,7 +286,8 @@ class Service:
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
         self.p = module.params
-        self.unit = SystemdUnit(self.p["name"], self.p["unit_dir"], module.run_command)
+        self.unit = SystemdUnit(self.p["name"], self.p["unit_dir"], module.run_command, self.p["env_file"])
+        self.env = env_text(self.p["env"]) if self.p["env"] is not None else None
         self.result: dict[str, Any] = {"changed": False, "unit_changed": False, "started": False, "smoke": [],
                                        "info": {}, "info_path": None, "accept_length": None, "rolled_back": None,
                                        "restored_healthy": False}  # fmt: skip
@@ -303,9 +319,9 @@ class Service:
         if refused:
             raise ServiceFailed(refused)
 
-    def roll_back(self, previous: str | None) -> str:
+    def roll_back(self, previous: str | None, previous_env: str | None) -> str:
         """The previous unit back and waited for; with none, the new one stopped and removed."""
-        done = self.unit.restore(previous)
+        done = self.unit.restore(previous, previous_env)
         if previous is None:
             return done
         self.result["restored_healthy"] = wait_healthy(self.p["url"], self.p["health_timeout"],
@@ -313,11 +329,11 @@ class Service:
         health = "healthy" if self.result["restored_healthy"] else "NOT healthy: check it"
         return f"previous service restored, {health}, {done}"
 
-    def failed(self, exc: Exception, changed_unit: bool, previous: str | None) -> ServiceFailed:
+    def failed(self, exc: Exception, changed_unit: bool, previous: tuple[str | None, str | None]) -> ServiceFailed:
         """The failure in one message: what failed, what the rollback did, the end of the server's log."""
         self.result["log_tail"] = log_tail(self.p["log"])
         if changed_unit and self.p["rollback"]:
-            self.result["rolled_back"] = self.roll_back(previous)
+            self.result["rolled_back"] = self.roll_back(*previous)
             after = f" Rolled back to the previous unit ({self.result['rolled_back']})."
         elif changed_unit:
             after = " Not rolled back (rollback is false): the new unit stays."
@@ -331,10 +347,11 @@ class Service:
         refusal = self.refusal()
         if refusal:
             raise ServiceFailed(refusal)
-        previous = self.unit.read()
-        self.result.update(self.unit.plan(previous, self.p["content"]))
+        previous, previous_env = self.unit.read(), self.unit.read_env()
+        self.result.update(self.unit.plan(previous, self.p["content"], previous_env, self.env))
         if self.module._diff and self.result["unit_changed"]:
-            self.result["diff"] = {"before": previous or "", "after": self.p["content"],
+            hidden = f"# {self.p['env_file']}: its values changed (not shown)\n" if self.result["env_changed"] else ""
+            self.result["diff"] = {"before": previous or "", "after": self.p["content"] + hidden,
                                    "before_header": self.unit.path, "after_header": self.unit.path}  # fmt: skip
         if self.module.check_mode:
             return
@@ -344,12 +361,12 @@ class Service:
         try:
             since = time.monotonic()
             if self.result["started"]:
-                self.unit.start(self.p["content"] if changed_unit else None)
+                self.unit.start(self.p["content"] if changed_unit else None, self.env)
             elif self.result["changed"]:
                 self.unit.enable()
             self.gate(since)
         except (ServiceFailed, UnitError) as exc:
-            raise self.failed(exc, changed_unit, previous) from exc
+            raise self.failed(exc, changed_unit, (previous, previous_env)) from exc
         self.keep_stamp()
 
     def keep_stamp(self) -> None:
@@ -362,9 +379,28 @@ class Service:
             self.module.warn(f"{exc} The server passed its gates; the next run is not converged and runs again.")
 
 
+def env_text(env: dict[str, Any]) -> str:
+    """systemd's EnvironmentFile lines for ``env``: NAME="value", the value's backslashes and double quotes escaped
+    (systemd.exec(5)); a name that is not a shell-style name, or a value with a line break, is refused."""
+    lines = []
+    for name, value in sorted(env.items()):
+        text = "" if value is None else str(value)
+        if not name.replace("_", "a").isalnum() or name[0].isdigit() or not name.isascii():
+            raise ServiceFailed(f"env name {name!r} is not a variable name (letters, digits and _): rename it.")
+        if "\n" in text or "\r" in text:
+            raise ServiceFailed(f"env {name}'s value holds a line break, which an environment file cannot: fix it.")
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'{name}="{escaped}"\n')
+    return "".join(lines)
+
+
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    service = Service(module)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           required_by={"env": "env_file"})  # fmt: skip
+    try:
+        service = Service(module)
+    except ServiceFailed as exc:
+        module.fail_json(msg=str(exc))
     try:
         service.run()
     except ServiceFailed as exc:

@@ -95,6 +95,9 @@ options:
         description: The worker's URL as the router lists it.
         type: str
         required: true
+      admin_key:
+        description: The router's control-plane admin key, sent with its C(/workers) read; never logged.
+        type: str
   timeout:
     description: Seconds each URL may take to answer.
     type: float

@@ -20,10 +20,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--stop", required=True, help="stop once this file exists")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--key", default="", help="the serving plane's API key (the router forwards it to the server)")
     args = ap.parse_args()
     records: list[dict] = []
     lock = threading.Lock()
     prompts = ["Explain speculative decoding briefly.", "List three uses of a router.", "What is a draft model?"]
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {args.key}"} if args.key else {})}
 
     def worker(n: int) -> None:
         i = 0
@@ -31,7 +34,7 @@ def main() -> None:
             body = json.dumps({"text": prompts[(n + i) % len(prompts)],
                                "sampling_params": {"max_new_tokens": args.max_tokens, "temperature": 0}}).encode()
             req = urllib.request.Request(args.url + "/generate", data=body,  # noqa: S310 - the lab's own router
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+                                         headers=headers)  # fmt: skip
             t0 = time.time()
             rec: dict = {"start": t0}
             try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SERVER_PYTHON, ansible_env, flat, payload, pct, recap, run_playbook
+from tests.conftest import ROOT, SERVER_PYTHON, ansible_env, flat, payload, pct, recap, run_playbook, serving_keys
 
 pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab"), pytest.mark.pipeline]
 UNIT = "/etc/systemd/system/sglang.service"
@@ -27,8 +27,11 @@ def ct(*argv: str, check: bool = True) -> str:
 
 
 def server_info() -> dict:
-    return json.loads(ct("python3", "-c", "import urllib.request,sys;"
-                         "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:30000/get_server_info').read().decode())"))
+    """The server's info, asked with the serving plane's API key (the key on the command line of a lab container)."""
+    code = ("import urllib.request,sys;req=urllib.request.Request('http://127.0.0.1:30000/get_server_info',"
+            "headers={'Authorization':'Bearer '+sys.argv[1]});"
+            "sys.stdout.write(urllib.request.urlopen(req).read().decode())")
+    return json.loads(ct("python3", "-c", code, serving_keys()["api"]))
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,21 @@ def test_deploy_serves_the_draft_at_16_tokens(deployed):
         "30000", "--tp-size", "1", "--mem-fraction-static", "0.85", "--device", "cpu",
         "--speculative-draft-model-path", DRAFT, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "15",
         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "16",
+        "--api-key", "${EAGLE3_API_KEY}", "--admin-api-key", "${EAGLE3_ADMIN_API_KEY}",  # from the 0600 file below
     ]  # fmt: skip
+    keys = serving_keys()
+    assert "EnvironmentFile=/etc/eagle3-ops/sglang.env" in unit and keys["api"] not in unit
+    assert ct("stat", "-c", "%a %U", "/etc/eagle3-ops/sglang.env").split() == ["600", "root"]
+    # SGLang's check: without the key (or with the admin key) the API answers 401; /health stays open for probes
+    ask = ("import urllib.request,urllib.error,sys\n"
+           "for key in sys.argv[1:] + ['']:\n"
+           "    auth = {'Authorization': 'Bearer ' + key} if key else {}\n"
+           "    req = urllib.request.Request('http://127.0.0.1:30000/v1/models', headers=auth)\n"
+           "    try: print(urllib.request.urlopen(req).status)\n"
+           "    except urllib.error.HTTPError as exc: print(exc.code)\n"
+           "print(urllib.request.urlopen('http://127.0.0.1:30000/health').status)")
+    assert ct("python3", "-c", ask, keys["api"], keys["admin"]).split() == ["200", "401", "401", "200"]
+    assert not any(k in deployed.stdout for k in keys.values())  # never printed
     # The container's SGLang (0.5.23) decided the export: speculators' names kept (nothing renamed), and the
     # reference engine plays that release's loader.
     assert "Environment=\"EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23\"" in unit

@@ -35,6 +35,7 @@ from tests.conftest import (
     flat,
     recap,
     run_playbook,
+    serving_keys,
 )
 
 pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("fleet")]
@@ -647,19 +648,42 @@ def server(host: str, *cmd: str, check: bool = True) -> subprocess.CompletedProc
     return node_pct(node, "exec", str(vmid), "--", *cmd, check=check)
 
 
-def in_container_json(host: str, url: str) -> dict:
-    """GET url from inside a container (the bridge is not routed to the lab host) as JSON."""
+ASK = r"""
+import json, sys, urllib.error, urllib.request
+method, url, key, body = sys.argv[1:5]
+auth = {"Authorization": "Bearer " + key} if key else {}
+req = urllib.request.Request(url, method=method, data=body.encode() or None,
+                             headers={"Content-Type": "application/json", **auth})
+try:
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        print(json.dumps({"status": resp.status, "body": resp.read().decode()}))
+except urllib.error.HTTPError as exc:
+    print(json.dumps({"status": exc.code, "body": exc.read().decode()}))
+"""
+
+
+def in_container(host: str, method: str, url: str, key: str = "", body: str = "") -> dict:
+    """One request from inside a container (the bridge is not routed to the lab host): its status and body."""
     node, vmid = (TRAINERS | SERVERS)[host]
-    code = f"import urllib.request,sys;sys.stdout.write(urllib.request.urlopen({url!r},timeout=20).read().decode())"
-    return json.loads(node_pct(node, "exec", str(vmid), "--", "python3", "-c", code).stdout)
+    out = node_pct(node, "exec", str(vmid), "--", "python3", "-c", ASK, method, url, key, body).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def in_container_json(host: str, url: str, key: str = "") -> dict:
+    """GET url from inside a container as JSON (200 expected)."""
+    got = in_container(host, "GET", url, key)
+    assert got["status"] == 200, got
+    return json.loads(got["body"])
 
 
 def served_tokens(host: str) -> int | None:
-    return in_container_json(host, f"http://{IPS[int(host[2:])]}:30000/get_server_info")["speculative_num_draft_tokens"]
+    info = in_container_json(host, f"http://{IPS[int(host[2:])]}:30000/get_server_info", serving_keys(FLEET)["api"])
+    return info["speculative_num_draft_tokens"]
 
 
 def router_workers() -> dict[str, dict]:
-    return {w["url"]: w for w in in_container_json("ct131", ROUTER_URL + "/workers")["workers"]}
+    listed = in_container_json("ct131", ROUTER_URL + "/workers", serving_keys(FLEET)["admin"])
+    return {w["url"]: w for w in listed["workers"]}
 
 
 class Load:
@@ -673,7 +697,8 @@ class Load:
         inside = f"{FLEET_RUN}/load-{name}"
         self.proc = subprocess.Popen(
             [PCT, "exec", "131", "--", "python3", f"{inside}/loadgen.py", "--url", "http://127.0.0.1:30080",
-             "--concurrency", "2", "--stop", f"{inside}/stop", "--out", f"{inside}/records.json"],
+             "--concurrency", "2", "--stop", f"{inside}/stop", "--out", f"{inside}/records.json",
+             "--key", serving_keys(FLEET)["api"]],
             env=dict(os.environ, EAGLE3_LAB_NODE="pve-lab"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)  # fmt: skip
 
@@ -717,7 +742,12 @@ def test_the_router_routes_to_both_servers_and_status_shows_its_view(fleet_serve
     assert all(w["is_healthy"] for w in workers.values())
     assert [served_tokens(h) for h in SERVERS] == [3, 3]
     unit = trainer("ct131", "systemctl", "cat", "sglang-router").stdout
-    assert "smg launch" in unit
+    keys = serving_keys(FLEET)
+    assert "smg launch" in unit and not any(k in unit for k in keys.values())
+    keyed = "--api-key ${EAGLE3_API_KEY} --control-plane-api-keys eagle3-ops:deployer:admin:${EAGLE3_ADMIN_API_KEY}"
+    assert keyed in unit
+    env_file = trainer("ct131", "stat", "-c", "%a %U", "/etc/eagle3-ops/sglang-router.env").stdout
+    assert env_file.split() == ["600", "root"]
     assert "--worker-urls http://10.203.0.33:30000 http://10.203.0.34:30000" in unit
     assert "--health-check-interval-secs 10" in unit  # smg's own default (60 s) would list a dead server for minutes
     # eagle3-ops status: the setting each server runs and the router's view of them
@@ -729,6 +759,33 @@ def test_the_router_routes_to_both_servers_and_status_shows_its_view(fleet_serve
     assert all(re.search(r"draft x3 accept \d", rows[h]) for h in SERVERS), status.stdout
     assert "router on ct131: 2 server(s)" in status.stdout
     assert re.search(r"http://10\.203\.0\.33:30000  healthy  ready", status.stdout), status.stdout
+
+
+def test_a_container_on_the_bridge_without_the_keys_steers_nothing_and_is_served_nothing(fleet_served):
+    """ct132 (a trainer on the other node, on the servers' bridge) tries the router's control plane and the servers'
+    API without the keys, and with the wrong one: every call is refused, the router's workers are unchanged; with the
+    keys (the api key for the data plane, the admin key for /workers) everything answers."""
+    keys, before = serving_keys(FLEET), router_workers()
+    some_id = next(iter(before.values()))["id"]
+    tries = {
+        "add a worker": ("POST", ROUTER_URL + "/workers", json.dumps({"url": "http://10.203.0.32:30000"})),
+        "remove a worker": ("DELETE", f"{ROUTER_URL}/workers/{some_id}", ""),
+        "list the workers": ("GET", ROUTER_URL + "/workers", ""),
+        "generate through the router": ("POST", ROUTER_URL + "/generate", '{"text": "hi"}'),
+        "generate on a server": ("POST", "http://10.203.0.33:30000/generate", '{"text": "hi"}'),
+        "read a server's info": ("GET", "http://10.203.0.34:30000/get_server_info", ""),
+    }
+    for what, (method, url, body) in tries.items():
+        for key in ("", "x" * 40):
+            got = in_container("ct132", method, url, key, body)
+            assert got["status"] in (401, 403), (what, key and "wrong key", got)
+    # the data plane's key opens no control plane, the admin key no data plane
+    assert in_container("ct132", "DELETE", f"{ROUTER_URL}/workers/{some_id}", keys["api"])["status"] == 401
+    assert in_container("ct132", "POST", ROUTER_URL + "/generate", keys["admin"], '{"text": "hi"}')["status"] == 401
+    assert router_workers().keys() == before.keys() and all(w["is_healthy"] for w in router_workers().values())
+    served = in_container("ct132", "POST", ROUTER_URL + "/generate", keys["api"],
+                          json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}))
+    assert served["status"] == 200 and json.loads(served["body"])["text"], served
 
 
 def test_a_rolling_switch_under_load_fails_no_request(fleet_served):

@@ -9,6 +9,9 @@ count over this run (``/get_server_info`` before and after). Prints one JSON obj
 field names (``output_throughput``, ``median_ttft_ms``, ``p99_itl_ms``, ``accept_length`` ...) and writes it
 to ``--output-file`` when given.
 
+The server's API key, when it asks for one, comes from ``OPENAI_API_KEY`` in the environment (as SGLang's
+bench_serving reads it), never from the command line.
+
 Usage: python3 -m serving.bench_client --base-url http://127.0.0.1:30000 --prompts p.jsonl --num-prompts 32 \\
            --max-concurrency 4 --max-tokens 96
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,10 +38,20 @@ def pct(values: list[float], q: float) -> float | None:
     return ordered[idx]
 
 
+def auth_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
+    """``headers`` with the server's API key as SGLang's bench_serving sends it (``OPENAI_API_KEY``, a bearer)."""
+    out = dict(headers or {})
+    key = os.environ.get("OPENAI_API_KEY")
+    if key:
+        out["Authorization"] = f"Bearer {key}"
+    return out
+
+
 def server_info(base: str) -> dict[str, Any]:
     for path in ("/get_server_info", "/server_info"):
         try:
-            with urllib.request.urlopen(base + path, timeout=30) as resp:  # noqa: S310 -- the server under test
+            req = urllib.request.Request(base + path, headers=auth_headers())  # noqa: S310 -- the server under test
+            with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 -- the server under test
                 return (json.load(resp).get("internal_states") or [{}])[0]
         except OSError:
             continue
@@ -51,7 +65,7 @@ def one(base: str, prompt: str, max_tokens: int, model: str | None) -> dict[str,
     if model:
         body["model"] = model
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),  # noqa: S310 -- checked in main
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers=auth_headers({"Content-Type": "application/json"}))  # fmt: skip
     start = time.perf_counter()
     arrivals: list[float] = []
     tokens = 0

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--log-level", default="info")
     ap.add_argument("--api-key", help="the key every request but the health, readiness and metrics probes must send")
+    # SGLang's key for its admin endpoints (weight updates, cache flushes, profiling): this engine serves none of them,
+    # so it only takes the argument a keyed unit passes (SGLang's NORMAL endpoints ignore it: auth_status).
+    ap.add_argument("--admin-api-key", help="SGLang's admin endpoints' key (this engine serves none of them)")
     ap.add_argument("--device", choices=["cpu"], default="cpu", help="the reference engine runs on the CPU")
     ap.add_argument("--speculative-draft-window-size", type=int,
                     help="the draft's sliding window; the reference engine attends to everything, so it accepts a "

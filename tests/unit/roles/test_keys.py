@@ -27,7 +27,7 @@ PLAY = """- name: The serving keys
       ansible.builtin.copy:
         dest: "{{ out }}"
         mode: "0600"
-        content: "{{ [_k.worker, _k.admin, _k.user] | map('hash', 'sha256') | list | to_json }}"
+        content: "{{ [_k.api, _k.admin] | map('hash', 'sha256') | list | to_json }}"
       vars:
         _k: "{{ eagle3_common_keys }}"
       when: not ansible_check_mode
@@ -49,7 +49,7 @@ def test_keys_are_generated_once_private_and_never_printed(tmp_path):
     keys_file = tmp_path / "keys.yml"
     assert stat.S_IMODE(os.stat(keys_file).st_mode) == 0o600
     keys = yaml.safe_load(keys_file.read_text())
-    assert sorted(keys) == ["admin", "user", "worker"] and len(set(keys.values())) == 3
+    assert sorted(keys) == ["admin", "api"] and len(set(keys.values())) == 2
     assert all(len(k) == 40 and k.isalnum() for k in keys.values())
     assert not any(k in first.stdout + first.stderr for k in keys.values())
     digests = (tmp_path / "out.json").read_text()
@@ -69,15 +69,28 @@ def test_a_keys_file_others_may_read_is_refused_in_one_sentence(tmp_path):
 
 
 def test_a_keys_file_without_the_admin_key_is_refused(tmp_path):
-    (tmp_path / "keys.yml").write_text("worker: " + "w" * 40 + "\nuser: " + "u" * 40 + "\n")
+    (tmp_path / "keys.yml").write_text("api: " + "w" * 40 + "\n")
     os.chmod(tmp_path / "keys.yml", 0o600)
     proc = run(tmp_path, check=False)
-    assert proc.returncode == 2 and "must hold a worker, an admin and a user key" in " ".join(proc.stdout.split())
+    assert proc.returncode == 2 and "must hold an api and an admin key" in " ".join(proc.stdout.split())
     assert "w" * 40 not in proc.stdout
 
 
+def test_the_same_key_twice_is_refused(tmp_path):
+    (tmp_path / "keys.yml").write_text("api: " + "w" * 40 + "\nadmin: " + "w" * 40 + "\n")
+    os.chmod(tmp_path / "keys.yml", 0o600)
+    proc = run(tmp_path, check=False)
+    assert proc.returncode == 2 and "the two different" in " ".join(proc.stdout.split())
+
+
+def test_without_keys_nothing_is_written_or_loaded(tmp_path):
+    proc = run(tmp_path, "-e", "eagle3_serving_keys=false", check=False)
+    assert proc.returncode == 2 and "eagle3_common_keys" in proc.stdout  # the play's own read of the keys fails
+    assert not (tmp_path / "keys.yml").exists()
+
+
 def test_a_vault_encrypted_keys_file_loads(tmp_path):
-    keys = {"worker": "W" * 40, "admin": "A" * 40, "user": "U" * 40}
+    keys = {"api": "W" * 40, "admin": "A" * 40}
     (tmp_path / "keys.yml").write_text(yaml.safe_dump(keys))
     (tmp_path / "vault-pass").write_text("correct horse\n")
     vault = Path(sys.executable).parent / "ansible-vault"
@@ -89,7 +102,7 @@ def test_a_vault_encrypted_keys_file_loads(tmp_path):
     import hashlib
     import json
 
-    want = [hashlib.sha256(keys[name].encode()).hexdigest() for name in ("worker", "admin", "user")]
+    want = [hashlib.sha256(keys[name].encode()).hexdigest() for name in ("api", "admin")]
     assert json.loads((tmp_path / "out.json").read_text()) == want
 
 

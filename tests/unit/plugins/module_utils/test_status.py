@@ -12,7 +12,7 @@ status = module_utils("_status")
 
 def params(**changes) -> dict:
     base = {"nvidia_smi": ["nvidia-smi"], "train_state": None, "python": None, "payload_dir": None, "server_url": "",
-            "router_url": "", "timeout": 2}  # fmt: skip
+            "router_url": "", "timeout": 2, "api_key": None, "admin_key": None}  # fmt: skip
     return {**base, **changes}
 
 

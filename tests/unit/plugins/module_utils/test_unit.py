@@ -45,7 +45,7 @@ def unit(tmp_path: Path, ctl: Systemctl):
 )  # fmt: skip
 def test_the_plan_restarts_a_changed_unit_or_a_stopped_service(tmp_path, previous, active, enabled, plan):
     ctl = Systemctl(active, enabled)
-    assert unit(tmp_path, ctl).plan(previous, "A") == plan
+    assert unit(tmp_path, ctl).plan(previous, "A") == {**plan, "env_changed": False}
     assert all(call[0] in ("is-active", "is-enabled") for call in ctl.calls)  # a plan only asks
 
 
@@ -91,3 +91,20 @@ def test_the_log_tail_is_the_last_lines_or_nothing(tmp_path):
     log.write_text("".join(f"line {i}\n" for i in range(20)))
     assert unit_utils.log_tail(str(log), 3) == ["line 17", "line 18", "line 19"]
     assert unit_utils.log_tail(str(tmp_path / "none.log")) == [] and unit_utils.log_tail(None) == []
+
+
+def test_an_environment_is_written_0600_and_compared_and_put_back_with_its_unit(tmp_path):
+    ctl = Systemctl(True, True)
+    env_file = tmp_path / "env" / "sglang.env"
+    served = unit_utils.SystemdUnit("sglang", str(tmp_path), ctl, str(env_file))
+    assert served.plan(None, "A", None, "K=1\n")["env_changed"] is True
+    served.start("A", "K=1\n")
+    assert env_file.read_text() == "K=1\n" and oct(env_file.stat().st_mode & 0o777) == "0o600"
+    assert oct(env_file.parent.stat().st_mode & 0o777) == "0o700"
+    plan = served.plan("A", "A", served.read_env(), "K=2\n")
+    assert plan["unit_changed"] and plan["env_changed"] and plan["started"]  # a new key restarts the same unit
+    served.start("A", "K=2\n")
+    served.restore("A", "K=1\n")
+    assert env_file.read_text() == "K=1\n"
+    served.restore("A", None)  # the previous unit had no environment: none is left
+    assert not env_file.exists()

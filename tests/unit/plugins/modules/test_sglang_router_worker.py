@@ -23,8 +23,9 @@ SMG = ROOT / ".venv-router" / "bin" / "smg"
 class Worker:
     """A server as the router sees it: SGLang's endpoints, requests that take a while, /v1/loads."""
 
-    def __init__(self, hold: float = 1.5) -> None:
+    def __init__(self, hold: float = 1.5, key: str | None = None) -> None:
         self.in_flight = 0
+        self.refused = 0
         self.served = 0
         lock = threading.Lock()
         me = self
@@ -43,7 +44,19 @@ class Worker:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def refuse(self) -> bool:
+                """SGLang's --api-key: all but /health need the bearer (a 401 otherwise)."""
+                if not key or self.path.startswith("/health") or self.headers.get("Authorization") == f"Bearer {key}":
+                    return False
+                me.refused += 1
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
+
             def do_GET(self) -> None:
+                if self.refuse():
+                    return
                 path = self.path.split("?")[0]
                 if path == "/v1/loads":
                     self._send({"loads": [{"dp_rank": 0, "num_running_reqs": me.in_flight, "num_waiting_reqs": 0}]})
@@ -56,6 +69,8 @@ class Worker:
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.refuse():
+                    return
                 with lock:
                     me.in_flight += 1
                 time.sleep(hold)
@@ -76,14 +91,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback only
+KEYS: dict[str, str] = {}
+
+
+def get(url: str, key: str | None = None) -> dict:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})  # noqa: S310
+    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback only
         return json.loads(resp.read())
 
 
-def generate(router: str) -> tuple[int, str]:
-    req = urllib.request.Request(router + "/generate", data=b'{"text": "hi"}',  # noqa: S310 - loopback only
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+def generate(router: str, key: str | None = None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(router + "/generate", data=b'{"text": "hi"}', headers=headers)  # noqa: S310 - loopback
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - loopback only
             return resp.status, json.loads(resp.read())["text"]
@@ -91,21 +110,31 @@ def generate(router: str) -> tuple[int, str]:
         return 0, repr(exc)
 
 
-@pytest.fixture
-def router(tmp_path: Path) -> Iterator[tuple[str, Worker, Worker]]:
+API, ADMIN = "w" * 40, "a" * 40
+
+
+@pytest.fixture(params=[False, True], ids=["open", "keyed"])
+def router(request, tmp_path: Path) -> Iterator[tuple[str, Worker, Worker]]:
+    """smg in front of two workers: open, or keyed as the sglang_router role starts it (the servers' API key, and a
+    control-plane admin key); the test's calls read the keys from ``KEYS`` (empty when open)."""
     assert SMG.exists(), f"{SMG} is missing: run scripts/bootstrap.sh (it installs the pinned router)"
-    a, b = Worker(), Worker()
+    keyed = request.param
+    KEYS.clear()
+    KEYS.update({"api_key": API, "admin_key": ADMIN} if keyed else {})
+    a, b = Worker(key=API if keyed else None), Worker(key=API if keyed else None)
     port = free_port()
     log = (tmp_path / "smg.log").open("w")
+    keys = ["--api-key", API, "--control-plane-api-keys", f"eagle3-ops:deployer:admin:{ADMIN}"] if keyed else []
     proc = subprocess.Popen([str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
                              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-                             "--worker-urls", a.url, b.url], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                             "--worker-urls", a.url, b.url, *keys], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if len([w for w in get(url + "/workers")["workers"] if w.get("is_healthy")]) == 2:
+                listed = get(url + "/workers", ADMIN if keyed else None)["workers"]
+                if len([w for w in listed if w.get("is_healthy")]) == 2:
                     break
             except OSError:
                 pass
@@ -124,14 +153,15 @@ def router(tmp_path: Path) -> Iterator[tuple[str, Worker, Worker]]:
 def test_a_server_leaves_with_requests_in_flight_none_fails_and_it_is_idle_after(router, capsys):
     url, a, b = router
     results: list[tuple[int, str]] = []
-    threads = [threading.Thread(target=lambda: results.append(generate(url))) for _ in range(6)]
+    key = KEYS.get("api_key")
+    threads = [threading.Thread(target=lambda: results.append(generate(url, key))) for _ in range(6)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 10
     while a.in_flight == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert a.in_flight > 0
-    got = run_module("sglang_router_worker", {"router_url": url, "url": a.url, "state": "absent", "poll": 0.1},
+    got = run_module("sglang_router_worker", {"router_url": url, "url": a.url, "state": "absent", "poll": 0.1, **KEYS},
                      capsys=capsys)  # fmt: skip
     assert got["changed"] is True, got
     assert got["in_flight"] >= 1 and a.in_flight == 0  # what it had been sent finished before the module returned
@@ -141,24 +171,31 @@ def test_a_server_leaves_with_requests_in_flight_none_fails_and_it_is_idle_after
         t.join()
     assert [code for code, _ in results] == [200] * 6
     served = a.served
-    assert all(generate(url) == (200, f"from {b.url}") for _ in range(3))  # nothing new goes to a
+    assert all(generate(url, key) == (200, f"from {b.url}") for _ in range(3))  # nothing new goes to a
     assert a.served == served
-    again = run_module("sglang_router_worker", {"router_url": url, "url": a.url, "state": "absent"}, capsys=capsys)
+    again = run_module("sglang_router_worker", {"router_url": url, "url": a.url, "state": "absent", **KEYS},
+                       capsys=capsys)  # fmt: skip
     assert again["changed"] is False
 
 
 def test_a_server_comes_back_and_check_mode_changes_nothing(router, capsys):
     url, a, b = router
-    run_module("sglang_router_worker", {"router_url": url, "url": a.url, "state": "absent", "drain": False},
+    run_module("sglang_router_worker", {"router_url": url, "url": a.url, "state": "absent", "drain": False, **KEYS},
                capsys=capsys)  # fmt: skip
-    planned = run_module("sglang_router_worker", {"router_url": url, "url": a.url}, check=True, diff=True,
+    planned = run_module("sglang_router_worker", {"router_url": url, "url": a.url, **KEYS}, check=True, diff=True,
                          capsys=capsys)  # fmt: skip
     assert planned["changed"] is True and a.url in planned["diff"]["after"] and a.url not in planned["diff"]["before"]
-    assert [w["url"] for w in get(url + "/workers")["workers"]] == [b.url]
-    added = run_module("sglang_router_worker", {"router_url": url, "url": a.url + "/"}, capsys=capsys)
+    assert [w["url"] for w in get(url + "/workers", KEYS.get("admin_key"))["workers"]] == [b.url]
+    added = run_module("sglang_router_worker", {"router_url": url, "url": a.url + "/", **KEYS}, capsys=capsys)
     assert added["changed"] is True
     assert {(w["url"], w["healthy"]) for w in added["workers"]} == {(a.url, True), (b.url, True)}
-    assert run_module("sglang_router_worker", {"router_url": url, "url": a.url}, capsys=capsys)["changed"] is False
+    again = run_module("sglang_router_worker", {"router_url": url, "url": a.url, **KEYS}, capsys=capsys)
+    assert again["changed"] is False
+    # the worker added back is reached with its key: requests through the router land on both, none refused
+    refused = a.refused
+    assert {generate(url, KEYS.get("api_key")) for _ in range(4)} == {(200, f"from {a.url}"), (200, f"from {b.url}")}
+    assert a.refused == refused
+    assert "a" * 40 not in json.dumps(added) and "w" * 40 not in json.dumps(added)
 
 
 def test_a_router_that_does_not_answer_is_named_with_the_fix(capsys):
@@ -168,3 +205,19 @@ def test_a_router_that_does_not_answer_is_named_with_the_fix(capsys):
     assert "does not answer GET /workers" in got["msg"] and "sglang_router role" in got["msg"]
     bad = run_module("sglang_router_worker", {"url": "10.0.0.1:30000"}, capsys=capsys)
     assert bad["failed"] is True and "http(s)://ADDRESS:PORT" in bad["msg"]
+
+
+def test_a_keyed_routers_control_plane_refuses_no_key_a_wrong_key_and_the_data_plane_key(router, capsys):
+    url, a, _b = router
+    if not KEYS:
+        pytest.skip("the open router asks for no key")
+    for keys, says in [({}, "asks for a key (HTTP 401) and none was sent"),
+                       ({"admin_key": "x" * 40}, "refused the serving plane's admin key (HTTP 401)"),
+                       ({"admin_key": API}, "refused the serving plane's admin key (HTTP 401)")]:
+        got = run_module("sglang_router_worker", {"router_url": url, "url": a.url, "state": "absent", **keys},
+                         capsys=capsys)  # fmt: skip
+        assert got["failed"] and says in got["msg"], got["msg"]
+        assert "x" * 40 not in got["msg"] and API not in got["msg"]
+    assert len(get(url + "/workers", ADMIN)["workers"]) == 2  # nothing was removed
+    assert generate(url)[0] == 0 and generate(url, ADMIN)[0] == 0  # the data plane: the API key only (401s)
+    assert generate(url, API)[0] == 200

@@ -28,7 +28,9 @@ case "$1" in
   is-enabled) [ -f "$FAKE_SYSTEMD/enabled" ] ;;
   enable) touch "$FAKE_SYSTEMD/enabled" ;;
   disable) rm -f "$FAKE_SYSTEMD/enabled"; [ "$2" = "--now" ] && rm -f "$FAKE_SYSTEMD/running"; exit 0 ;;
-  start|restart) unit="$2"; cp "$FAKE_UNIT_DIR/$unit" "$FAKE_SYSTEMD/running" ;;
+  start|restart) unit="$2"; cp "$FAKE_UNIT_DIR/$unit" "$FAKE_SYSTEMD/running"
+    rm -f "$FAKE_SYSTEMD/running.env"
+    if [ -f "$FAKE_ENV_FILE" ]; then cp "$FAKE_ENV_FILE" "$FAKE_SYSTEMD/running.env"; fi ;;
   stop) rm -f "$FAKE_SYSTEMD/running" ;;
   *) echo "unknown: $*" >&2; exit 2 ;;
 esac
@@ -53,11 +55,22 @@ def fake(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SYSTEMD", str(state))
     monkeypatch.setenv("FAKE_UNIT_DIR", str(units))
+    env_file = tmp_path / "etc" / "eagle3-ops" / "sglang.env"
+    monkeypatch.setenv("FAKE_ENV_FILE", str(env_file))
 
     class Handler(BaseHTTPRequestHandler):
         def running(self) -> str:
             path = state / "running"
             return path.read_text() if path.exists() else ""
+
+        def refused(self) -> bool:
+            """SGLang's check: with an API key in the running environment, all but /health need it as a bearer."""
+            path = state / "running.env"
+            found = re.search(r'EAGLE3_API_KEY="([^"]*)"', path.read_text()) if path.exists() else None
+            if not found or self.path == "/health" or self.headers.get("Authorization") == f"Bearer {found.group(1)}":
+                return False
+            self.answer(401, {"error": "Unauthorized"})
+            return True
 
         def answer(self, code: int, body: object) -> None:
             self.send_response(code)
@@ -65,6 +78,8 @@ def fake(tmp_path, monkeypatch):
             self.wfile.write(json.dumps(body).encode())
 
         def do_GET(self) -> None:
+            if self.refused():
+                return
             text = self.running()
             if not text or "health=dead" in text:
                 self.answer(503, {"error": "not ready"})
@@ -80,6 +95,8 @@ def fake(tmp_path, monkeypatch):
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.refused():
+                return
             found = re.search(r"reply=(\d+)", self.running())
             n = int(found.group(1)) if found else body["max_tokens"]
             message = {"role": "assistant", "content": "x" * n}
@@ -95,7 +112,7 @@ def fake(tmp_path, monkeypatch):
             "health_timeout": 3, "health_interval": 0.05, "prompts": ["a"], "max_tokens": 3,
             "min_accept_length": 1.05, "accept_context": "with the draft /d/new",
             "accept_hint": "the draft's weights did not take effect."}  # fmt: skip
-    yield {"state": state, "unit": units / "sglang.service", "log": log, "args": base}
+    yield {"state": state, "unit": units / "sglang.service", "log": log, "args": base, "env_file": env_file}
     srv.shutdown()
 
 
@@ -377,3 +394,68 @@ def test_a_missing_target_or_a_draft_sglang_cannot_load_is_refused_before_the_ju
     if change != "target":
         got = run_module("sglang_service", {**fake["args"], "content": unit("/d/new"), **named}, capsys=capsys)
         assert not got.get("failed"), got["msg"]
+
+
+KEYED = {"EAGLE3_API_KEY": "k" * 40, "EAGLE3_ADMIN_API_KEY": "a" * 40}
+
+
+def keyed(fake, key: str = "k" * 40, **env: str) -> dict:
+    """The call for a server that runs with an API key (its environment file) and gates with ``key``."""
+    return {**fake["args"], "env": {**KEYED, **env}, "env_file": str(fake["env_file"]), "api_key": key}
+
+
+def test_a_keyed_server_gets_its_keys_in_a_0600_environment_file_never_in_the_unit_or_the_result(fake, capsys):
+    got = run_module("sglang_service", {**keyed(fake), "content": unit("/d/new")}, capsys=capsys)
+    assert not got.get("failed"), got.get("msg")
+    assert got["changed"] and got["env_changed"] and got["accept_length"] == 2.5  # the gates passed with the key
+    assert stat.S_IMODE(fake["env_file"].stat().st_mode) == 0o600
+    assert fake["env_file"].read_text() == f'EAGLE3_ADMIN_API_KEY="{"a" * 40}"\nEAGLE3_API_KEY="{"k" * 40}"\n'
+    assert "k" * 40 not in fake["unit"].read_text() and "k" * 40 not in json.dumps(got)
+    assert not [p for p in fake["env_file"].parent.iterdir() if p.name != "sglang.env"]  # no temporary left
+    again = run_module("sglang_service", {**keyed(fake), "content": unit("/d/new")}, capsys=capsys)
+    assert not again.get("failed") and not again["changed"] and not again["env_changed"]
+
+
+def test_a_rotated_key_restarts_the_server_with_an_unchanged_unit_and_its_diff_hides_the_key(fake, capsys):
+    run_module("sglang_service", {**keyed(fake), "content": unit("/d/new")}, capsys=capsys)
+    calls(fake)
+    new = "n" * 40
+    plan = run_module("sglang_service", {**keyed(fake, new, EAGLE3_API_KEY=new), "content": unit("/d/new")},
+                      check=True, diff=True, capsys=capsys)  # fmt: skip
+    assert plan["changed"] and plan["started"] and plan["env_changed"]
+    assert "its values changed (not shown)" in plan["diff"]["after"] and new not in json.dumps(plan)
+    assert "k" * 40 in fake["env_file"].read_text()  # check mode touched nothing
+    got = run_module("sglang_service", {**keyed(fake, new, EAGLE3_API_KEY=new), "content": unit("/d/new")},
+                     capsys=capsys)  # fmt: skip
+    assert not got.get("failed"), got.get("msg")
+    assert got["started"] and "restart sglang.service" in calls(fake)
+    assert new in (fake["state"] / "running.env").read_text()
+
+
+def test_a_key_the_server_refuses_fails_naming_the_key_and_rolls_the_environment_back(fake, capsys):
+    run_module("sglang_service", {**keyed(fake), "content": unit("/d/old")}, capsys=capsys)
+    new = "n" * 40
+    got = run_module("sglang_service", {**keyed(fake, "w" * 40, EAGLE3_API_KEY=new), "content": unit("/d/new")},
+                     capsys=capsys)  # fmt: skip
+    assert got["failed"]
+    assert "refused the serving plane's API key (HTTP 401)" in got["msg"]
+    assert "Rolled back to the previous unit (previous service restored, healthy" in got["msg"]
+    assert "k" * 40 in fake["env_file"].read_text() and unit("/d/old") == fake["unit"].read_text()
+    assert new not in json.dumps(got)
+
+
+def test_a_keyed_server_asked_without_a_key_says_so(fake, capsys):
+    run_module("sglang_service", {**keyed(fake), "content": unit("/d/old")}, capsys=capsys)
+    args = {k: v for k, v in keyed(fake).items() if k != "api_key"}
+    got = run_module("sglang_service", {**args, "content": unit("/d/new")}, capsys=capsys)
+    assert got["failed"] and "asks for a key (HTTP 401) and none was sent" in got["msg"]
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"EAGLE3 KEY": "x"}, "env name 'EAGLE3 KEY' is not a variable name"),
+    ({"EAGLE3_API_KEY": "a\nb"}, "env EAGLE3_API_KEY's value holds a line break"),
+])
+def test_an_environment_systemd_cannot_read_is_refused_before_anything(fake, capsys, env, message):
+    got = run_module("sglang_service", {**fake["args"], "env": env, "env_file": str(fake["env_file"]),
+                                        "content": unit("/d/new")}, capsys=capsys)  # fmt: skip
+    assert got["failed"] and message in got["msg"] and not fake["unit"].exists() and not fake["env_file"].exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 from typing import Any
@@ -24,6 +25,8 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "server_url": {"type": "str", "default": ""},
     "router_url": {"type": "str", "default": ""},
     "timeout": {"type": "float", "default": 5},
+    "served_record": {"type": "path"},
+    "accept_drift_percent": {"type": "float", "default": 15.0},
     **API_KEY_SPEC,
     **ADMIN_KEY_SPEC,
 }
@@ -61,14 +64,38 @@ class StatusReader:
     def serving(self) -> dict[str, Any] | None:
         if not self.p["server_url"]:
             return None
-        info = self._json(self.p["server_url"].rstrip("/") + "/get_server_info", self.p["api_key"])
+        base = self.p["server_url"].rstrip("/")
+        info = self._json(base + "/get_server_info", self.p["api_key"])
         if not isinstance(info, dict):
             return None
-        return {"draft": info.get("speculative_draft_model_path"),
-                "draft_tokens": info.get("speculative_num_draft_tokens"),
-                "accept_length": reported_accept_length(info)}  # fmt: skip
+        out = {"draft": info.get("speculative_draft_model_path"),
+               "draft_tokens": info.get("speculative_num_draft_tokens"),
+               "accept_length": reported_accept_length(info)}  # fmt: skip
+        out.update(live_figures(self._text(base + "/metrics")))
+        out["gate_accept_length"] = self.gate_figure(out["draft"])
+        out["drift_warning"] = drift_warning(out, self.p["accept_drift_percent"])
+        return out
+
+    def gate_figure(self, draft: Any) -> float | None:
+        """The accept length the server's gate measured when it was last deployed (sglang_service's record), when
+        the record names the draft it serves now."""
+        try:
+            with open(self.p["served_record"] or "", encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        value = record.get("accept_length") if isinstance(record, dict) else None
+        same = not draft or record.get("draft") in (None, draft)
+        return float(value) if same and isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     def _json(self, url: str, key: str | None) -> Any:
+        raw = self._text(url, key)
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            return None
+
+    def _text(self, url: str, key: str | None = None) -> str | None:
         try:
             parts = urlsplit(url)
             port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -86,7 +113,7 @@ class StatusReader:
         try:
             # http(s) only: _json checked the scheme above
             with opener.open(request.Request(url, headers=bearer(key)), timeout=self.p["timeout"]) as resp:  # noqa: S310
-                return json.loads(resp.read().decode("utf-8", "replace"))
+                return str(resp.read().decode("utf-8", "replace"))
         except (OSError, error.URLError, ValueError):
             return None
 
@@ -102,3 +129,32 @@ class StatusReader:
         gpus = self.gpus()
         return {"changed": False, "gpus": gpus or [], "gpus_read": gpus is not None, "training": self.training(),
                 "serving": self.serving(), "router": self.router()}  # fmt: skip
+
+
+# SGLang's live gauges (its /metrics with --enable-metrics, open as /health is): the accept length and the generation
+# throughput over the last log interval of decode forwards (sglang/srt/observability/metrics_collector.py).
+_GAUGE = re.compile(r"^sglang:(spec_accept_length|gen_throughput)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$", re.M)
+
+
+def live_figures(text: str | None) -> dict[str, float | None]:
+    """``live_accept_length`` and ``tokens_per_s`` from a /metrics page; None where it says nothing, or 0 (no
+    interval completed since the start: nothing measured yet)."""
+    found: dict[str, float] = {}
+    for name, value in _GAUGE.findall(text or ""):
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if number == number and number > 0:  # NaN and 0: nothing measured
+            found[name] = number
+    return {"live_accept_length": found.get("spec_accept_length"), "tokens_per_s": found.get("gen_throughput")}
+
+
+def drift_warning(serving: dict[str, Any], percent: float) -> str | None:
+    """The sentence when the live accept length is more than ``percent`` below the gate's figure at deploy time."""
+    live, gate = serving.get("live_accept_length"), serving.get("gate_accept_length")
+    if not isinstance(live, float) or not isinstance(gate, float) or gate <= 0 or live >= gate * (1 - percent / 100):
+        return None
+    return (f"accepts {live:.2f} tokens per step live, {100 * (1 - live / gate):.0f}% below the {gate:.2f} its gate "
+            f"measured at deploy (eagle3_accept_drift_percent {percent:g}): the traffic may have drifted from the "
+            "training data - retrain on recent prompts, or deploy the previous draft.")

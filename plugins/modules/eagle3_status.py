@@ -43,6 +43,15 @@ options:
     description: Seconds each read may take.
     type: float
     default: 5
+  served_record:
+    description:
+      - The record the server's last deploy left (eagle3.ops.sglang_service's O(record)), whose accept length - the
+        gate's figure at deploy time - the live one is compared with.
+    type: path
+  accept_drift_percent:
+    description: How far below the gate's figure (in percent) the live accept length may fall before a warning.
+    type: float
+    default: 15
   api_key:
     description: The server's API key (SGLang's C(--api-key)), sent with the server-info read. Never logged.
     type: str
@@ -87,7 +96,12 @@ training:
   returned: always
   type: dict
 serving:
-  description: The served draft, its draft tokens and the average accept length, or null when no server answers.
+  description:
+    - The served draft, its draft tokens, the average accept length since the server started (C(accept_length)),
+      the live one and the generation throughput over SGLang's last log interval (C(live_accept_length),
+      C(tokens_per_s), from its C(/metrics); null without C(--enable-metrics) or before any traffic), the gate's
+      figure at deploy (C(gate_accept_length)) and C(drift_warning), the sentence when the live figure is more
+      than O(accept_drift_percent) below the gate's; or null when no server answers.
   returned: always
   type: dict
 router:

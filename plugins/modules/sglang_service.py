@@ -78,6 +78,12 @@ options:
     description: What the accept-length failure says after the figures (likely causes and the fix).
     type: str
     default: the draft's weights did not take effect.
+  record:
+    description:
+      - A JSON file where a (re)started server that passed its gates leaves what they measured (the accept length,
+        the draft, the time), written whole; eagle3.ops.eagle3_status compares the live accept length with it.
+        Left out, nothing is kept.
+    type: path
   rollback:
     description: Whether a failure after a unit change puts the previous unit back.
     type: bool
@@ -241,6 +247,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.eagle3.ops.plugins.module_utils._atomic import write_json_atomic
 from ansible_collections.eagle3.ops.plugins.module_utils._gate import (
     GATE_SPEC,
     Gate,
@@ -266,6 +273,7 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "accept_context": {"type": "str", "default": ""},
     "accept_hint": {"type": "str", "default": "the draft's weights did not take effect."},
     "rollback": {"type": "bool", "default": True},
+    "record": {"type": "path"},
     "stamp": {"type": "dict", "options": RECORD_SPEC},
     "host": {"type": "str"},
     "target": {"type": "path"},
@@ -367,7 +375,22 @@ class Service:
             self.gate(since)
         except (ServiceFailed, UnitError) as exc:
             raise self.failed(exc, changed_unit, (previous, previous_env)) from exc
+        self.keep_record()
         self.keep_stamp()
+
+    def keep_record(self) -> None:
+        """What the gates measured, kept when the server (re)started or no record exists yet (O(record)): the figure
+        of the deploy, which a later unchanged call's gates - on a server that has served since - do not replace."""
+        path = self.p["record"]
+        if not path or (not self.result["started"] and os.path.exists(path)):
+            return
+        try:
+            os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            write_json_atomic(path, {"accept_length": self.result["accept_length"], "draft": self.p["draft"],
+                                     "unit": self.unit.unit, "time": when})  # fmt: skip
+        except OSError as exc:
+            self.module.warn(f"The gates' record {path} could not be written ({exc}); status has no deploy figure.")
 
     def keep_stamp(self) -> None:
         """The stage's fingerprint, kept now that the server passed its gates (O(stamp))."""

@@ -64,6 +64,25 @@ def status_table_rows(records: Iterable[Mapping[str, Any]], unreachable: Iterabl
     return rows
 
 
+def served_cell(serving: Mapping[str, Any]) -> str:
+    """What a server serves: the draft and its draft tokens, the accept length since it started, the live one over
+    SGLang's last log interval and its tokens per second (its /metrics), and the gate's figure at deploy."""
+    if not serving:
+        return "-"
+
+    def number(key: str) -> float | None:
+        value = serving.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    name = str(serving.get("draft") or "no draft").rstrip("/").rsplit("/", 1)[-1]
+    cell = f"{name} x{serving.get('draft_tokens') or '-'}"
+    figures = [(label, number(key)) for label, key in (("accept", "accept_length"), ("live", "live_accept_length"),
+                                                       ("gate", "gate_accept_length"))]  # fmt: skip
+    cell += "".join(f" {label} {value:.2f}" for label, value in figures if value is not None)
+    tps = number("tokens_per_s")
+    return cell + (f" {tps:.0f} tok/s" if tps is not None else "")
+
+
 def render_status(rows: Mapping[str, Mapping[str, Any]]) -> str:
     """One line per container: its node (a column only where some row names one), state, GPUs (memory used/total,
     power, utilisation), training job, served draft; then each router's view of its servers."""
@@ -91,18 +110,14 @@ def render_status(rows: Mapping[str, Mapping[str, Any]]) -> str:
                      if train.get("epochs") else "")  # fmt: skip
             state = "done" if train.get("result") else train.get("cause")
             job = f"#{train.get('attempt', train.get('n'))} seq {train.get('total_seq_len')} {state}{where}"
-        serving = row.get("serving") or {}
-        served = "-"
-        if serving:
-            name = str(serving.get("draft") or "no draft").rstrip("/").rsplit("/", 1)[-1]
-            accept = serving.get("accept_length")
-            served = (f"{name} x{serving.get('draft_tokens')} accept {accept:.2f}" if isinstance(accept, (int, float))
-                      else f"{name} x{serving.get('draft_tokens') or '-'}")  # fmt: skip
+        served = served_cell(row.get("serving") or {})
         memory = f"{used / 1024:.1f}/{total / 1024:.1f} GiB" if gpus else "-"
         watts = f"{power:.0f}/{limit:.0f} W" if gpus else "-"
         count = len(gpus) if row["state"] == "running" else "-"  # a host not read has GPUs nobody counted
         lines.append(f"{host:<16}{node_of(row)}{row['state']:<13}{count:>5}  {memory:<22}{watts:<14}"
                      f"{(f'{util:.0f}%' if gpus else '-'):<7}{job:<44}{served}")  # fmt: skip
+    for host in sorted(h for h in rows if (rows[h].get("serving") or {}).get("drift_warning")):
+        lines.append(f"WARNING: {host} {rows[host]['serving']['drift_warning']}")
     for host in sorted(h for h in rows if rows[h].get("router") is not None):
         workers = rows[host]["router"]
         lines.append(f"router on {host}: {len(workers)} server(s)" + "".join(

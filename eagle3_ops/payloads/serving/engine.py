@@ -30,6 +30,7 @@ import json
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,10 +175,33 @@ class Stats:
     verify_steps: int = 0
     accepted_drafts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # SGLang's live figures (its /metrics gauges sglang:spec_accept_length and sglang:gen_throughput): measured over
+    # one log interval of decode forwards, published when the interval ends, then counted afresh
+    # (scheduler_components/metrics_reporter.py: the spec counters and the generated tokens reset at each log).
+    log_interval: int = 40
+    interval: dict[str, float] = field(default_factory=lambda: {"steps": 0, "accepted": 0, "tokens": 0, "since": 0.0})
+    gauges: dict[str, float] = field(default_factory=dict)
 
     def accept_length(self) -> float | None:
         """Tokens per verify forward (accepted drafts + the target's own token), as SGLang reports it."""
         return (1 + self.accepted_drafts / self.verify_steps) if self.verify_steps else None
+
+    def count_interval(self, generated: int, steps: int, accepted: int, seconds: float, now: float) -> None:
+        """Add one request's forwards to the current interval (under ``lock``); publish the gauges when it holds
+        ``log_interval`` forwards - a verify forward each with a draft, a decode step each without."""
+        iv = self.interval
+        if not iv["since"]:
+            iv["since"] = now - seconds
+        forwards = steps if steps else generated
+        iv["steps"] += forwards
+        iv["accepted"] += accepted + (steps if steps else 0)
+        iv["tokens"] += generated
+        if iv["steps"] < self.log_interval:
+            return
+        gap = max(now - iv["since"], 1e-6)
+        self.gauges = {"gen_throughput": iv["tokens"] / gap,
+                       "spec_accept_length": (iv["accepted"] / iv["steps"]) if steps else 0.0}  # fmt: skip
+        self.interval = {"steps": 0, "accepted": 0, "tokens": 0, "since": now}
 
 
 def load_draft(path: str, target_cfg: Any, algorithm: str,
@@ -338,6 +362,7 @@ class Engine:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                              f"model's context of {limit}")  # fmt: skip
         with self.lock:
+            self._started = time.monotonic()  # the request's decode time, for the interval's throughput
             if self.draft is None or not speculative or self.k < 1:
                 return self._plain(prompt_ids, max_new_tokens, on_tokens, gaps)
             return self._speculative(prompt_ids, max_new_tokens, on_tokens)
@@ -432,11 +457,14 @@ class Engine:
         return {"output_ids": out, "verify_steps": steps, "accepted_drafts": accepted_total}
 
     def _count(self, generated: int, steps: int, accepted: int) -> None:
+        now = time.monotonic()
+        seconds = now - getattr(self, "_started", now)
         with self.stats.lock:
             self.stats.requests += 1
             self.stats.generated += generated
             self.stats.verify_steps += steps
             self.stats.accepted_drafts += accepted
+            self.stats.count_interval(generated, steps, accepted, seconds, now)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -71,6 +71,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # so it only takes the argument a keyed unit passes (SGLang's NORMAL endpoints ignore it: auth_status).
     ap.add_argument("--admin-api-key", help="SGLang's admin endpoints' key (this engine serves none of them)")
     ap.add_argument("--device", choices=["cpu"], default="cpu", help="the reference engine runs on the CPU")
+    ap.add_argument("--enable-metrics", action="store_true",
+                    help="serve /metrics (Prometheus text) with SGLang's live gauges sglang:spec_accept_length and "
+                         "sglang:gen_throughput, as SGLang does with the same flag")  # fmt: skip
+    ap.add_argument("--decode-log-interval", type=int, default=40,
+                    help="decode forwards per interval of the live gauges (SGLang's default 40)")
     ap.add_argument("--speculative-draft-window-size", type=int,
                     help="the draft's sliding window; the reference engine attends to everything, so it accepts a "
                          "window only when the window covers the whole context")  # fmt: skip
@@ -160,6 +165,8 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                 self._send(200, server_info())
             elif path == "/v1/loads":
                 self._send(200, loads())
+            elif path == "/metrics" and args.enable_metrics:
+                self._send(200, metrics().encode(), "text/plain; version=0.0.4")
             elif path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "eagle3-ops",
                                                              "root": args.model_path}]})  # fmt: skip
@@ -293,6 +300,20 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
     def finish(result: dict[str, Any], max_new: int) -> str:
         return "length" if len(result["output_ids"]) >= max_new and result["output_ids"][-1] != engine.eos else "stop"
 
+    def metrics() -> str:
+        """SGLang's live gauges in Prometheus' text format (sglang/srt/observability/metrics_collector.py: the same
+        names, the last completed interval's values, 0 before the first)."""
+        with engine.stats.lock:
+            gauges = dict(engine.stats.gauges)
+        labels = f'{{model_name="{name}",engine_type="unified",tp_rank="0",pp_rank="0"}}'
+        lines = []
+        for metric, what in (("gen_throughput", "The generation throughput (token/s)."),
+                             ("spec_accept_length", "Mean acceptance length of speculative decoding (accepted drafts "
+                                                    "+ bonus token per forward).")):  # fmt: skip
+            lines += [f"# HELP sglang:{metric} {what}", f"# TYPE sglang:{metric} gauge",
+                      f"sglang:{metric}{labels} {float(gauges.get(metric, 0.0))}"]  # fmt: skip
+        return "\n".join(lines) + "\n"
+
     def server_info() -> dict[str, Any]:
         state: dict[str, Any] = {"requests": engine.stats.requests, "generated_tokens": engine.stats.generated}
         if engine.draft is not None:
@@ -323,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     except DraftLoadError as exc:
         print(f"[server] cannot load the draft: {exc}", file=sys.stderr)
         return 2
+    engine.stats.log_interval = max(1, args.decode_log_interval)
     context = int(getattr(engine.cfg, "max_position_embeddings", 0) or 0)
     if args.speculative_draft_window_size is not None and args.speculative_draft_window_size < context:
         print(f"[server] --speculative-draft-window-size {args.speculative_draft_window_size} is shorter than the "

@@ -132,3 +132,16 @@ def test_force_runs_past_the_fingerprints(monkeypatch):
         assert args.func(args) == 0
     assert seen == [("train.yml", {"eagle3_force": True}), ("train.yml", {}),
                     ("deploy.yml", {"draft_tokens": 5, "eagle3_force": True}), ("deploy.yml", {"draft_tokens": 16})]
+
+
+def test_a_server_shows_its_live_accept_length_and_throughput_beside_the_gates_and_warns_on_drift():
+    serving = {"draft": "/d/kimi-eagle3", "draft_tokens": 16, "accept_length": 2.61, "live_accept_length": 2.05,
+               "gate_accept_length": 2.7, "tokens_per_s": 812.4,
+               "drift_warning": "accepts 2.05 tokens per step live, 24% below the 2.70 its gate measured at deploy"}
+    lines = render_status({"ct130": {"state": "running", "gpus": [], "serving": serving}}).splitlines()
+    assert lines[1].rstrip().endswith("kimi-eagle3 x16 accept 2.61 live 2.05 gate 2.70 812 tok/s")
+    assert lines[2] == ("WARNING: ct130 accepts 2.05 tokens per step live, 24% below the 2.70 its gate measured at "
+                        "deploy")
+    quiet = {**serving, "live_accept_length": None, "tokens_per_s": None, "drift_warning": None}
+    lines = render_status({"ct130": {"state": "running", "gpus": [], "serving": quiet}}).splitlines()
+    assert lines[1].rstrip().endswith("kimi-eagle3 x16 accept 2.61 gate 2.70") and len(lines) == 2

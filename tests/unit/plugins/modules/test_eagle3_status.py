@@ -23,8 +23,13 @@ def fake_smi(tmp_path: Path, text: str = SMI) -> list[str]:
 def serve_info(info: dict) -> HTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps(info).encode() if self.path == "/get_server_info" else b"{}"
-            self.send_response(200 if self.path == "/get_server_info" else 404)
+            if self.path == "/metrics":  # SGLang's live gauges (--enable-metrics), over its last log interval
+                body = (b'sglang:spec_accept_length{model_name="m"} 2.2\n'
+                        b'sglang:gen_throughput{model_name="m"} 640.0\n')  # fmt: skip
+                self.send_response(200)
+            else:
+                body = json.dumps(info).encode() if self.path == "/get_server_info" else b"{}"
+                self.send_response(200 if self.path == "/get_server_info" else 404)
             self.end_headers()
             self.wfile.write(body)
 
@@ -45,7 +50,8 @@ def test_one_call_reads_the_gpus_the_job_and_the_server(tmp_path, capsys):
     try:
         args = {"nvidia_smi": fake_smi(tmp_path), "train_state": str(state), "python": sys.executable,
                 "payload_dir": str(ROOT / "eagle3_ops" / "payloads"),
-                "server_url": f"http://127.0.0.1:{server.server_port}"}  # fmt: skip
+                "server_url": f"http://127.0.0.1:{server.server_port}", "served_record": str(tmp_path / "served.json")}
+        (tmp_path / "served.json").write_text(json.dumps({"accept_length": 2.9, "draft": "/srv/draft"}))
         got = run_module("eagle3_status", args, check=True, capsys=capsys)
     finally:
         server.shutdown()
@@ -55,7 +61,10 @@ def test_one_call_reads_the_gpus_the_job_and_the_server(tmp_path, capsys):
                             "utilization_gpu": 93}]  # fmt: skip
     assert got["training"]["attempt"] == 2 and got["training"]["total_seq_len"] == 16384
     assert got["training"]["result"] is False
-    assert got["serving"] == {"draft": "/srv/draft", "draft_tokens": 5, "accept_length": 2.9}
+    warning = got["serving"].pop("drift_warning")
+    assert got["serving"] == {"draft": "/srv/draft", "draft_tokens": 5, "accept_length": 2.9, "live_accept_length": 2.2,
+                              "tokens_per_s": 640.0, "gate_accept_length": 2.9}  # fmt: skip
+    assert warning.startswith("accepts 2.20 tokens per step live, 24% below the 2.90 its gate measured at deploy")
     assert not (state / "monitor.json").exists()  # read-only: no power sample recorded
 
 

@@ -459,3 +459,20 @@ def test_an_environment_systemd_cannot_read_is_refused_before_anything(fake, cap
     got = run_module("sglang_service", {**fake["args"], "env": env, "env_file": str(fake["env_file"]),
                                         "content": unit("/d/new")}, capsys=capsys)  # fmt: skip
     assert got["failed"] and message in got["msg"] and not fake["unit"].exists() and not fake["env_file"].exists()
+
+
+def test_the_gates_figure_of_a_restart_is_recorded_and_a_later_unchanged_call_keeps_it(fake, tmp_path, capsys):
+    record = tmp_path / "served" / "sglang.json"
+    args = {**fake["args"], "record": str(record), "draft": None}
+    got = run_module("sglang_service", {**args, "content": unit("/d/new", accept=2.5)}, capsys=capsys)
+    assert not got.get("failed"), got.get("msg")
+    kept = json.loads(record.read_text())
+    assert kept["accept_length"] == 2.5 and kept["unit"] == "sglang.service" and kept["time"].endswith("Z")
+    (fake["state"] / "running").write_text(unit("/d/new", accept=1.9))  # served since: the average moved
+    again = run_module("sglang_service", {**args, "content": unit("/d/new", accept=2.5)}, capsys=capsys)
+    assert not again.get("failed") and not again["started"]
+    assert json.loads(record.read_text())["accept_length"] == 2.5  # the deploy's figure, not today's
+    switched = run_module("sglang_service", {**args, "content": unit("/d/next", accept=2.8)}, capsys=capsys)
+    assert switched["started"] and json.loads(record.read_text())["accept_length"] == 2.8
+    failed = run_module("sglang_service", {**args, "content": unit("/d/bad", accept=1.0)}, capsys=capsys)
+    assert failed["failed"] and json.loads(record.read_text())["accept_length"] == 2.8  # a rolled-back draft: none

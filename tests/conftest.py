@@ -82,10 +82,12 @@ USER_LAB_ROOT = Path("/var/lib/eagle3-lab")
 
 
 def serving_keys(inventory: Path = TEST_INVENTORY) -> dict[str, str]:
-    """The serving plane's keys (api, admin) that a deploy generated beside ``inventory`` (eagle3_common's keys)."""
+    """The serving plane's keys (api, admin) that a deploy generated for ``inventory``'s lab (eagle3_common's keys),
+    in the lab's state directory (eagle3_keys_file in its group_vars)."""
     import yaml
 
-    return yaml.safe_load((inventory / "eagle3-keys.yml").read_text())
+    state = FLEET_STATE if inventory == FLEET_INVENTORY else LAB_STATE
+    return yaml.safe_load((state / "eagle3-keys.yml").read_text())
 
 
 def ansible_env(**extra: str) -> dict[str, str]:

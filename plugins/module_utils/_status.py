@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -145,7 +146,7 @@ def live_figures(text: str | None) -> dict[str, float | None]:
             number = float(value)
         except ValueError:
             continue
-        if number == number and number > 0:  # NaN and 0: nothing measured
+        if not math.isnan(number) and number > 0:  # NaN and 0: nothing measured
             found[name] = number
     return {"live_accept_length": found.get("spec_accept_length"), "tokens_per_s": found.get("gen_throughput")}
 

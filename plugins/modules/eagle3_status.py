@@ -45,8 +45,8 @@ options:
     default: 5
   served_record:
     description:
-      - The record the server's last deploy left (eagle3.ops.sglang_service's O(record)), whose accept length - the
-        gate's figure at deploy time - the live one is compared with.
+      - The record the server's last deploy left (O(eagle3.ops.sglang_service#module:record)), whose accept length -
+        the gate's figure at deploy time - the live one is compared with.
     type: path
   accept_drift_percent:
     description: How far below the gate's figure (in percent) the live accept length may fall before a warning.

@@ -34,13 +34,13 @@ PLAY = """- name: The serving keys
 """
 
 
-def run(tmp_path: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+def run(tmp_path: Path, *extra: str, check: bool = True, keys: Path | None = None) -> subprocess.CompletedProcess:
     from tests.conftest import run_playbook
 
     play = tmp_path / "play.yml"
     play.write_text(PLAY)
     return run_playbook(play, "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}",
-                        "-e", f"eagle3_keys_file={tmp_path / 'keys.yml'}", "-e", f"out={tmp_path / 'out.json'}",
+                        "-e", f"eagle3_keys_file={keys or tmp_path / 'keys.yml'}", "-e", f"out={tmp_path / 'out.json'}",
                         *extra, check=check, timeout=120)  # fmt: skip
 
 
@@ -57,6 +57,17 @@ def test_keys_are_generated_once_private_and_never_printed(tmp_path):
     assert yaml.safe_load(keys_file.read_text()) == keys  # kept, not regenerated
     assert (tmp_path / "out.json").read_text() == digests
     assert not any(k in again.stdout + again.stderr for k in keys.values())
+
+
+def test_the_keys_files_directory_is_made_private_when_new_and_left_alone_when_not(tmp_path):
+    keys = tmp_path / "home" / ".eagle3-ops" / "eagle3-keys.yml"
+    run(tmp_path, keys=keys)
+    assert stat.S_IMODE(os.stat(keys.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o600
+    keys.unlink()
+    os.chmod(keys.parent, 0o700 | stat.S_ISVTX)
+    run(tmp_path, keys=keys)
+    assert stat.S_IMODE(os.stat(keys.parent).st_mode) == 0o700 | stat.S_ISVTX and keys.exists()
 
 
 def test_a_keys_file_others_may_read_is_refused_in_one_sentence(tmp_path):

@@ -95,12 +95,15 @@ def readme(role_dir: Path) -> str:
             f"eagle3.ops.{role}` (from `meta/argument_specs.yml`).", ""]  # fmt: skip
     for name, spec in specs.items():
         options = spec.get("options") or {}
+        # an entry point's own description (how and why it does what it does), under its heading
+        about = [text(spec["description"]), ""] if name != "main" and spec.get("description") else []
         if not options:
+            out += [f"### {name}", "", *about, "It takes no options.", ""] if about else []
             continue
         if name != "main" and options == main.get("options"):
-            out += [f"### {name}", "", "The options of main.", ""]
+            out += [f"### {name}", "", *about, "The options of main.", ""]
             continue
-        out += [f"### {name}", "", "| option | default | what it is |", "| --- | --- | --- |"]
+        out += [f"### {name}", "", *about, "| option | default | what it is |", "| --- | --- | --- |"]
         out += [f"| `{opt}` | {default(o)} | {first_sentence(o.get('description'))} |" for opt, o in options.items()]
         out.append("")
     outputs = (

@@ -8,13 +8,41 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ansible_collections.eagle3.ops.plugins.module_utils._atomic import write_lines_atomic
 
 # The draft a unit serves, as its command line names it (what a rollback says it restored).
 DRAFT = re.compile(r"--speculative-draft-model-path (\S+)")
+
+
+# An argument that names a secret of the unit's environment file (${EAGLE3_...}, alone or after a prefix such as
+# smg's ID:NAME:admin:): left unquoted on the ExecStart line, so that systemd substitutes it.
+_ENV_REFERENCE = re.compile(r"[A-Za-z0-9:_.-]*\$\{EAGLE3_[A-Z_]+\}")
+
+
+def exec_line(argv: Iterable[object]) -> str:
+    """A unit's ExecStart command line: each argument shell-quoted, except those that name the environment file's
+    secrets (``${EAGLE3_...}``), which systemd fills in."""
+    return " ".join(a if _ENV_REFERENCE.fullmatch(a) else shlex.quote(a) for a in map(str, argv))
+
+
+def environment_text(env: Mapping[str, object]) -> str:
+    """systemd's EnvironmentFile lines for ``env``: NAME="value", sorted by name, the value's backslashes and double
+    quotes escaped (systemd.exec(5)); a name that is not a shell-style name, or a value with a line break, raises
+    ValueError."""
+    lines = []
+    for name, value in sorted(env.items()):
+        text = "" if value is None else str(value)
+        if not name.replace("_", "a").isalnum() or name[0].isdigit() or not name.isascii():
+            raise ValueError(f"env name {name!r} is not a variable name (letters, digits and _): rename it.")
+        if "\n" in text or "\r" in text:
+            raise ValueError(f"env {name}'s value holds a line break, which an environment file cannot: fix it.")
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'{name}="{escaped}"\n')
+    return "".join(lines)
 
 
 class UnitError(Exception):

@@ -257,7 +257,7 @@ from ansible_collections.eagle3.ops.plugins.module_utils._gate import (
 )
 from ansible_collections.eagle3.ops.plugins.module_utils._serving import JUDGE_SPEC, model_refusal, run_judge
 from ansible_collections.eagle3.ops.plugins.module_utils._stamp import RECORD_SPEC, StampError, record_after
-from ansible_collections.eagle3.ops.plugins.module_utils._unit import SystemdUnit, UnitError, log_tail
+from ansible_collections.eagle3.ops.plugins.module_utils._unit import SystemdUnit, UnitError, environment_text, log_tail
 
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "name": {"type": "str", "required": True},
@@ -295,7 +295,10 @@ class Service:
         self.module = module
         self.p = module.params
         self.unit = SystemdUnit(self.p["name"], self.p["unit_dir"], module.run_command, self.p["env_file"])
-        self.env = env_text(self.p["env"]) if self.p["env"] is not None else None
+        try:
+            self.env = environment_text(self.p["env"]) if self.p["env"] is not None else None
+        except ValueError as exc:
+            raise ServiceFailed(str(exc)) from None
         self.result: dict[str, Any] = {"changed": False, "unit_changed": False, "started": False, "smoke": [],
                                        "info": {}, "info_path": None, "accept_length": None, "rolled_back": None,
                                        "restored_healthy": False}  # fmt: skip
@@ -400,21 +403,6 @@ class Service:
             self.result["stamp"] = record_after(self.p["stamp"])
         except StampError as exc:
             self.module.warn(f"{exc} The server passed its gates; the next run is not converged and runs again.")
-
-
-def env_text(env: dict[str, Any]) -> str:
-    """systemd's EnvironmentFile lines for ``env``: NAME="value", the value's backslashes and double quotes escaped
-    (systemd.exec(5)); a name that is not a shell-style name, or a value with a line break, is refused."""
-    lines = []
-    for name, value in sorted(env.items()):
-        text = "" if value is None else str(value)
-        if not name.replace("_", "a").isalnum() or name[0].isdigit() or not name.isascii():
-            raise ServiceFailed(f"env name {name!r} is not a variable name (letters, digits and _): rename it.")
-        if "\n" in text or "\r" in text:
-            raise ServiceFailed(f"env {name}'s value holds a line break, which an environment file cannot: fix it.")
-        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'{name}="{escaped}"\n')
-    return "".join(lines)
 
 
 def main() -> None:

@@ -10,12 +10,21 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.eagle3.ops.plugins.module_utils._unit import environment_text, exec_line
+from ansible_collections.eagle3.ops.plugins.module_utils._unit import (
+    environment_assignment,
+    environment_text,
+    exec_line,
+)
 
 
 def systemd_exec(argv: Iterable[Any]) -> str:
     """``argv`` as an ExecStart line: each argument shell-quoted, ``${EAGLE3_...}`` references left for systemd."""
     return exec_line(argv)
+
+
+def systemd_assignment(name: Any, value: Any) -> str:
+    """``name`` and ``value`` as a unit's quoted ``Environment=`` assignment."""
+    return environment_assignment(str(name), value)
 
 
 def systemd_env(env: Mapping[str, Any]) -> str:
@@ -28,4 +37,4 @@ def systemd_env(env: Mapping[str, Any]) -> str:
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"systemd_exec": systemd_exec, "systemd_env": systemd_env}
+        return {"systemd_exec": systemd_exec, "systemd_env": systemd_env, "systemd_assignment": systemd_assignment}

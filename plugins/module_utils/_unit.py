@@ -29,6 +29,12 @@ def exec_line(argv: Iterable[object]) -> str:
     return " ".join(a if _ENV_REFERENCE.fullmatch(a) else shlex.quote(a) for a in map(str, argv))
 
 
+def environment_assignment(name: str, value: object) -> str:
+    """A unit's ``Environment=`` value for one variable: ``"NAME=value"``, its double quotes escaped."""
+    text = f"{name}={value}".replace('"', '\\"')
+    return f'"{text}"'
+
+
 def environment_text(env: Mapping[str, object]) -> str:
     """systemd's EnvironmentFile lines for ``env``: NAME="value", sorted by name, the value's backslashes and double
     quotes escaped (systemd.exec(5)); a name that is not a shell-style name, or a value with a line break, raises

@@ -22,6 +22,14 @@ PLAY = """- hosts: localhost
         dest: "{{ out }}"
         content: "{{ env | eagle3.ops.systemd_env }}"
         mode: "0600"
+    - ansible.builtin.copy:
+        dest: "{{ out }}.assign"
+        content: |
+          {% for key, value in env.items() %}
+          {{ key | eagle3.ops.systemd_assignment(value) }}
+          {{ (key ~ '=' ~ value) | string | regex_replace('"', '\\"') | regex_replace('^(.*)$', '"\\1"') }}
+          {% endfor %}
+        mode: "0600"
 """
 
 ARGV = ["/opt/smg/bin/smg", "launch", "--port", "30080", "--worker-urls", "http://10.0.0.3:30000", "a b", "it's",
@@ -49,6 +57,10 @@ def test_argv_is_quoted_but_the_environment_files_secrets_are_left_to_systemd_an
     assert "'x${EAGLE3_API_KEY} y'" in line and "'${HOME}'" in line and "'it'\"'\"'s'" in line
     assert shlex.split(line.replace("${EAGLE3_API_KEY}", "K").replace("${EAGLE3_ADMIN_API_KEY}", "A"))[9] == "K"
     assert out.read_text() == 'EAGLE3_ADMIN_API_KEY="a\\"b\\\\c"\nEAGLE3_API_KEY="' + "k" * 40 + '"\n'
+    # a unit's Environment= value: each variable as the templates' quote-the-quotes regex wrote it before the filter
+    assigned = (tmp_path / "env.assign").read_text().splitlines()
+    assert len(assigned) == 4 and assigned[0::2] == assigned[1::2]
+    assert assigned[0] == '"EAGLE3_API_KEY=' + "k" * 40 + '"' and assigned[2] == '"EAGLE3_ADMIN_API_KEY=a\\"b\\c"'
 
 
 def test_an_environment_systemd_cannot_read_fails_the_filter(tmp_path):
@@ -65,4 +77,5 @@ def test_an_environment_systemd_cannot_read_fails_the_filter(tmp_path):
 
 def test_the_filter_and_the_module_share_one_renderer():
     text = (ROOT / "plugins" / "filter" / "systemd.py").read_text()
-    assert "from ansible_collections.eagle3.ops.plugins.module_utils._unit import environment_text, exec_line" in text
+    assert "from ansible_collections.eagle3.ops.plugins.module_utils._unit import (" in text
+    assert all(f"    {name},\n" in text for name in ("environment_assignment", "environment_text", "exec_line"))

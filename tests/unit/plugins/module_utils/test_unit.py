@@ -108,3 +108,9 @@ def test_an_environment_is_written_0600_and_compared_and_put_back_with_its_unit(
     assert env_file.read_text() == "K=1\n"
     served.restore("A", None)  # the previous unit had no environment: none is left
     assert not env_file.exists()
+
+
+def test_an_environment_assignment_is_quoted_with_its_quotes_escaped():
+    u = module_utils("_unit")
+    assert u.environment_assignment("A", 'x "y" z') == '"A=x \\"y\\" z"'
+    assert u.environment_assignment("B", 3) == '"B=3"'

@@ -66,6 +66,18 @@ options:
     description: Seconds to wait for another run writing O(src) or O(dest) (on any host sharing them) before failing.
     type: float
     default: 300
+  versions:
+    description:
+      - Export into an immutable version under O(dest), the draft root, instead of O(dest) itself - a new
+        directory named by the content hash of what it is made of (the exported C(config.json), the checkpoint's
+        weights and the renames), so an export never rewrites a draft a server loads, and the same checkpoint
+        always gives the same version, whatever the files' times.
+      - A version is written in a hidden staging directory, read back, then renamed into place whole; two runs
+        exporting one checkpoint at once make one version. O(dest)'s C(versions.json) records which version each
+        server serves (M(eagle3.ops.draft_versions)).
+      - With O(src_optional) and no checkpoint, the record's C(current) version is verified and served.
+    type: bool
+    default: false
   src_optional:
     description:
       - Accept a missing O(src) when O(dest) already holds an exported draft (a deploy after the training run's
@@ -100,9 +112,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 dest:
-  description: The SGLang draft directory.
+  description: The SGLang draft directory (with O(versions), the version's directory under the draft root).
   returned: always
   type: str
+version:
+  description: The version's name (the first 16 hex digits of its content hash), with O(versions).
+  returned: with O(versions), when a version was found or made (or would be, in check mode)
+  type: str
+  sample: 3f9c2a7be01d44c5
 config:
   description: The SGLang draft config.json written (or that would be written).
   returned: success
@@ -151,6 +168,7 @@ verified:
 
 import json
 import os
+import shutil
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
@@ -184,6 +202,15 @@ from ansible_collections.eagle3.ops.plugins.module_utils._safetensors import (
     SafetensorsError,
     encode_header,
     read_header,
+)
+from ansible_collections.eagle3.ops.plugins.module_utils._versions import (
+    VersionError,
+    content_digest,
+    is_version,
+    publish,
+    read_record,
+    staging_dir,
+    version_name,
 )
 
 WEIGHTS = "model.safetensors"
@@ -221,6 +248,20 @@ def _target_layers(conf: dict) -> int | None:
     return layers if isinstance(layers, int) else None
 
 
+def _same_data(src: str, pairs: list, dest_header) -> bool:
+    """Whether each kept tensor's bytes in ``src`` are the bytes of its exported twin in the draft's weights."""
+    src_start = read_header(src).data_start
+    with open(src, "rb") as a, open(dest_header.path, "rb") as b:
+        for (tensor, _new), twin in zip(pairs, dest_header.tensors, strict=True):
+            left, at_a, at_b = tensor.end - tensor.begin, src_start + tensor.begin, dest_header.data_start + twin.begin
+            while left:
+                step = min(left, 1 << 22)
+                if os.pread(a.fileno(), step, at_a) != os.pread(b.fileno(), step, at_b):
+                    return False
+                left, at_a, at_b = left - step, at_a + step, at_b + step
+    return True
+
+
 def _is_sglang(conf: dict) -> bool:
     return conf.get("architectures") == ["LlamaForCausalLMEagle3"]
 
@@ -239,6 +280,7 @@ ARGUMENT_SPEC = {
     "max_draft_layers": {"type": "int"},
     "lock_timeout": {"type": "float", "default": 300},
     "src_optional": {"type": "bool", "default": False},
+    "versions": {"type": "bool", "default": False},
 }
 
 
@@ -266,6 +308,9 @@ class DraftExporter:
             raise ExportError(f"lock_timeout must be 0 or more seconds, not {self.p['lock_timeout']}")
         if not self.src:
             raise ExportError("src is empty: point it at the speculators epoch directory to export")
+        if self.p["versions"]:
+            Versioned(self).run()
+            return
         if not os.path.isfile(os.path.join(self.src, "config.json")) and self.p["src_optional"]:
             self.served_as_is()
             return
@@ -412,9 +457,8 @@ class DraftExporter:
             ] and dest_header.file_size - dest_header.data_start == sum(t.end - t.begin for t, _unused in pairs)
         except SafetensorsError:
             same_weights = False
-        newer = os.path.getmtime(os.path.join(self.dest, WEIGHTS)) >= os.path.getmtime(self.weights) if same_weights \
-            else False
-        if current == sg and same_weights and newer:
+        # By content, never by the files' times: an older checkpoint deployed again is written again.
+        if current == sg and same_weights and _same_data(self.weights, pairs, dest_header):
             raise Done
         return current
 
@@ -439,12 +483,98 @@ class DraftExporter:
         write_json_atomic(os.path.join(self.dest, "config.json"), sg)  # run() reads it back under the locks (verify)
 
 
+class Versioned:
+    """The export into an immutable version under the draft root (versions=true)."""
+
+    def __init__(self, exporter: DraftExporter) -> None:
+        self.x = exporter
+        self.root = exporter.dest
+        self.check = exporter.module.check_mode
+
+    def run(self) -> None:
+        x = self.x
+        if x.in_place:
+            raise ExportError(f"versions=true needs dest, a draft root of its own, not the checkpoint {x.src}: "
+                              "set dest (eagle3_draft_path)")
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ExportError(f"The draft root {self.root} is a file: move it aside, or point dest elsewhere")
+        if not os.path.isfile(os.path.join(x.src, "config.json")) and x.p["src_optional"]:
+            self.serve_current()
+            return
+        if self.check:
+            self.export()
+            return
+        os.makedirs(self.root, exist_ok=True)
+        with LockSet([x.src, self.root], x.p["lock_timeout"], "eagle3_export"):
+            self.export()
+
+    def export(self) -> None:
+        x = self.x
+        x.line = sglang_line(x.p["sglang_version"])
+        x.result["sglang_line"] = x.line.name
+        if x.p["max_draft_layers"] is not None and x.p["max_draft_layers"] < 1:
+            raise ExportError("max_draft_layers must be 1 or more")
+        if os.path.exists(os.path.join(x.src, "model.safetensors.index.json")):
+            raise ExportError(f"{x.src} is sharded; eagle3_export handles single-file drafters: use safetensors_remap")
+        src_conf = _read_json(os.path.join(x.src, "config.json"))
+        if _is_sglang(src_conf):
+            raise ExportError(f"{x.src} is already an SGLang draft, not a speculators checkpoint: export its "
+                              "speculators checkpoint, or serve it as the draft")
+        if not self.check:
+            recover(x.weights)
+        x.check_compatible(src_conf)
+        sg, header, pl, _pairs = x.plan(src_conf)
+        version = version_name(content_digest([x.weights], {
+            "format": 1, "config": sg, "renames": [list(r) for r in pl.renames], "dropped": pl.dropped}))
+        final = os.path.join(self.root, version)
+        x.result.update(version=version, dest=final)
+        exists = os.path.isfile(os.path.join(final, "config.json"))
+        if x.module._diff:
+            current = read_record(self.root)["current"] if os.path.isdir(self.root) else None
+            x.result["diff"] = {"before": f"current version: {current}\n", "after": f"serves version: {version}\n"}
+        if self.check:
+            x.result["changed"] = not exists
+            return
+        if exists:
+            x.dest = final
+            x.verify()
+            return
+        staging = staging_dir(self.root, version)
+        try:
+            x.dest = staging
+            x.write(sg, header, pl)
+            x.verify()
+            x.result["changed"] = publish(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        x.dest = final
+        x.result["dest"] = final
+
+    def serve_current(self) -> None:
+        """No checkpoint at src: the record's current version is verified and served as it is."""
+        x = self.x
+        x.result["source_found"] = False
+        x.line = sglang_line(x.p["sglang_version"])
+        x.result["sglang_line"] = x.line.name
+        current = read_record(self.root)["current"] if os.path.isdir(self.root) else None
+        if not current or not is_version(current) or not os.path.isdir(os.path.join(self.root, current)):
+            raise ExportError(f"Neither a checkpoint at {x.src} nor a current draft version under {self.root} exists: "
+                              "run train.yml first, or point src at a speculators epoch directory")
+        x.dest = os.path.join(self.root, current)
+        x.result.update(version=current, dest=x.dest)
+        if self.check:
+            x.result["config"] = _read_json(os.path.join(x.dest, "config.json"))
+            return
+        x.result["config"] = x.verify()
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     exporter = DraftExporter(module)
     try:
         exporter.run()
-    except (ExportError, SafetensorsError) as exc:
+    except (ExportError, SafetensorsError, VersionError) as exc:
         module.fail_json(msg=str(exc), **exporter.result)
     except OSError as exc:
         state = "part of the draft was written" if exporter.result["changed"] else "nothing was changed"

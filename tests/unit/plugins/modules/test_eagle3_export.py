@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -304,3 +305,21 @@ def test_the_legacy_line_takes_exactly_three_aux_layers(epoch, tmp_path, capsys)
     (epoch / "config.json").write_text(json.dumps(speculators_config(eagle_aux_hidden_state_layer_ids=[1, 2])))
     res = export(capsys, src=str(epoch), dest=str(tmp_path / "draft"))
     assert res["failed"] and "exactly 3 aux layers" in res["msg"]
+
+
+def test_an_older_checkpoint_exported_again_is_written_again_whatever_the_times(epoch, tmp_path, capsys):
+    """The export decides by content: the draft from another epoch is replaced by the older checkpoint's weights."""
+    dest = tmp_path / "draft"
+    export(capsys, src=str(epoch), dest=str(dest))
+    first = digest(dest)
+    other = tmp_path / "train" / "5"
+    other.mkdir()
+    scaled = {k: (v * 0.5).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in drafter_tensors().items()}
+    save_file(scaled, str(other / "model.safetensors"), metadata={"format": "pt"})
+    (other / "config.json").write_text((epoch / "config.json").read_text())
+    assert export(capsys, src=str(other), dest=str(dest))["changed"]
+    assert digest(dest) != first
+    os.utime(epoch / "model.safetensors", (1, 1))  # older than the draft now on disk
+    back = export(capsys, src=str(epoch), dest=str(dest))
+    assert back["changed"] and digest(dest) == first
+    assert export(capsys, src=str(epoch), dest=str(dest))["changed"] is False

@@ -212,6 +212,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         extra["speculative_steps"] = args.steps
     if args.no_speculation:
         extra["speculative"] = False
+    if args.canary:
+        extra["draft_canary"] = True
     if args.force:
         extra["eagle3_force"] = True
     return _run(args, "deploy.yml", extra)
@@ -326,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--topk", type=int, help="tree drafting: branching per step (with --steps)")
     deploy.add_argument("--steps", type=int, help="tree drafting: depth (with --topk)")
     deploy.add_argument("--no-speculation", action="store_true", help="serve the target alone")
+    deploy.add_argument("--canary", action="store_true",
+                        help="a new draft on the first server only, promoted by its live accept length against the "
+                             "others' over real traffic through the router, or rolled back")
     deploy.add_argument("--force", action="store_true",
                         help="run every step even where a server's fingerprint matches its last complete deploy")
     deploy.set_defaults(func=cmd_deploy)

@@ -15,7 +15,7 @@ from tests.conftest import ROOT, SERVER_PYTHON, ansible_env, flat, payload, pct,
 
 pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab"), pytest.mark.pipeline]
 UNIT = "/etc/systemd/system/sglang.service"
-DRAFT = "/srv/eagle3/drafts/tiny-llama-eagle3"
+DRAFT = "/srv/eagle3/drafts/tiny-llama-eagle3"  # the draft root: an immutable version per export under it
 CHECKPOINT = "/srv/eagle3/runs/tiny-llama/train/save/checkpoint_best"
 SERVE = Path(__file__).parent / "playbooks" / "serve.yml"
 REFERENCE_ENV = ("EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23",)  # the reference engine plays that release's loader
@@ -24,6 +24,11 @@ REFERENCE_ENV = ("EAGLE3_REFERENCE_SGLANG_VERSION=0.5.23",)  # the reference eng
 
 def ct(*argv: str, check: bool = True) -> str:
     return pct("exec", "130", "--", *argv, check=check).stdout
+
+
+def served_draft() -> str:
+    """The draft version the server serves (the root's versions.json, which deploy.yml writes after the gates)."""
+    return f"{DRAFT}/{json.loads(ct('cat', f'{DRAFT}/versions.json'))['servers']['ct130']}"
 
 
 def server_info() -> dict:
@@ -45,11 +50,12 @@ def deployed(trained):  # the session's training (conftest), whichever module as
 def test_deploy_serves_the_draft_at_16_tokens(deployed):
     unit = ct("cat", UNIT)
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    config = json.loads(ct("cat", f"{DRAFT}/config.json"))
+    served = served_draft()
+    config = json.loads(ct("cat", f"{served}/config.json"))
     assert exec_start.split()[1:] == [
         "-m", "serving.server", "--model-path", "/srv/eagle3/models/tiny-llama", "--host", "127.0.0.1", "--port",
         "30000", "--tp-size", "1", "--mem-fraction-static", "0.85", "--device", "cpu", "--enable-metrics",
-        "--speculative-draft-model-path", DRAFT, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "15",
+        "--speculative-draft-model-path", served, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "15",
         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "16",
         "--api-key", "${EAGLE3_API_KEY}", "--admin-api-key", "${EAGLE3_ADMIN_API_KEY}",  # from the 0600 file below
     ]  # fmt: skip
@@ -77,6 +83,9 @@ def test_deploy_serves_the_draft_at_16_tokens(deployed):
     assert re.search(r"at 16 draft tokens \(chain\), accept length [\d.]+", flat(deployed.stdout))
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]  # SGLang's numbering
+    # An immutable version named by its content (16 hex digits), recorded as current
+    record = json.loads(ct("cat", f"{DRAFT}/versions.json"))
+    assert re.fullmatch(r"[0-9a-f]{16}", record["current"]) and served == f"{DRAFT}/{record['current']}"
 
 
 def test_the_labs_environments_link_one_unpacked_torch(deployed):
@@ -143,9 +152,11 @@ def test_a_setting_switch_goes_from_the_gpus_to_the_judge_and_the_service(deploy
     assert "deploy on ct130: runs (changed: draft_tokens" in out, out[-3000:]
     assert "a setting switch: the runtimes, the export and the payload stay as that run left them" in out
     starred = re.sub(r"\*+", "*", out)
-    for step in ("Export the speculators checkpoint for SGLang and verify the draft",
-                 "Read the installed payload's stamp", "Compare the fingerprint with the last complete run's: runtime"):
+    for step in ("Read the installed payload's stamp", "Compare the fingerprint with the last complete run's: runtime"):
         assert f"{step}] *" not in starred or f"{step}] * skipping" in starred, step
+    # The draft's version is found by its content (the unit names it): nothing is written.
+    draft = served_draft()
+    assert re.search(rf"Exported {CHECKPOINT} to {draft} \(up to date, verified\)", out), out[-3000:]
     # The GPUs, the release and the configs came with the fingerprint check's call: none of their own reads ran.
     for step in ("Query nvidia-smi", "Ask the environment for its SGLang release",
                  "Read the draft's config"):
@@ -197,7 +208,7 @@ def test_an_unrenamed_draft_is_caught_by_the_gate_and_rolled_back(deployed):
     # SGLang's layout and config, but the weights still say layers.0.*, served by an SGLang before 0.5.23 (the
     # seeds' line): it drops them silently. serve.yml runs sglang_serve alone, without SGLang's own checks.
     pct("exec", "130", "--", "sh", "-c", 'rm -rf "$1" && mkdir -p "$1" && cp "$2/config.json" "$1/" && '
-        'cp "$3/model.safetensors" "$1/"', "sh", broken, DRAFT, CHECKPOINT)  # fmt: skip
+        'cp "$3/model.safetensors" "$1/"', "sh", broken, served_draft(), CHECKPOINT)  # fmt: skip
     before = ct("cat", UNIT)
     accept_before = server_info()["internal_states"][0]["avg_spec_accept_length"]
     proc = run_playbook(SERVE, "-e", f"serve_draft={broken}", "-e", "sglang_serve_sglang_version=0.5.8",
@@ -205,10 +216,10 @@ def test_an_unrenamed_draft_is_caught_by_the_gate_and_rolled_back(deployed):
     assert recap(proc.stdout)["ct130"]["failed"] == 1
     out = flat(proc.stdout)
     assert re.search(r"accepts 1\.0\d* tokens per step", out) and "layers.0.*" in out
-    assert f"Rolled back to the previous unit (previous service restored, healthy, draft {DRAFT})" in out
+    assert f"Rolled back to the previous unit (previous service restored, healthy, draft {served_draft()})" in out
     assert ct("cat", UNIT) == before
     info = server_info()
-    assert info["speculative_draft_model_path"] == DRAFT and info["internal_states"][0]["requests"] == 0
+    assert info["speculative_draft_model_path"] == served_draft() and info["internal_states"][0]["requests"] == 0
     assert accept_before > 1.5
     pct("exec", "130", "--", "rm", "-rf", broken)
 
@@ -217,7 +228,7 @@ def test_sglang_refuses_a_command_line_it_would_rewrite(deployed):
     before = ct("sha256sum", UNIT)
     # A stray flag after the derived ones: SGLang's argparse keeps the last value and its resolution then
     # rewrites it (topk 1, 15 steps) to 16 - silently, in a log. Its own ServerArgs says so here, up front.
-    proc = run_playbook(SERVE, "-e", f"serve_draft={DRAFT}", "-e", "sglang_serve_sglang_version=0.5.23",
+    proc = run_playbook(SERVE, "-e", f"serve_draft={served_draft()}", "-e", "sglang_serve_sglang_version=0.5.23",
                         "-e", "sglang_serve_check_python=/opt/eagle3-ops/sglang/bin/python",
                         "-e", '{"sglang_serve_extra_args": ["--speculative-num-draft-tokens", "32"]}', check=False,
                         timeout=600)  # fmt: skip
@@ -232,7 +243,7 @@ def test_sglang_refuses_a_draft_its_loader_would_load_incompletely(deployed):
     broken = "/srv/eagle3/drafts/broken-config"
     # The exported draft with a config.json whose draft vocabulary disagrees with its lm_head: SGLang's loader
     # refuses the tensor (and would leave the head unloaded).
-    pct("exec", "130", "--", "sh", "-c", 'rm -rf "$1" && cp -r "$2" "$1"', "sh", broken, DRAFT)
+    pct("exec", "130", "--", "sh", "-c", 'rm -rf "$1" && cp -r "$2" "$1"', "sh", broken, served_draft())
     pct("exec", "130", "--", "python3", "-c", "import json, sys; p = sys.argv[1] + '/config.json'; "
         "c = json.load(open(p)); c['draft_vocab_size'] //= 2; json.dump(c, open(p, 'w'))", broken)  # fmt: skip
     before = ct("sha256sum", UNIT)
@@ -248,7 +259,7 @@ def test_sglang_refuses_a_draft_its_loader_would_load_incompletely(deployed):
 
 def test_the_reference_engine_is_lossless(deployed):
     pct("push", "130", str(ROOT / "tests" / "data" / "lossless_check.py"), "/opt/eagle3-ops/lossless_check.py")
-    out = payload(130, "/opt/eagle3-ops/lossless_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
+    out = payload(130, "/opt/eagle3-ops/lossless_check.py", "/srv/eagle3/models/tiny-llama", served_draft(),
                   "/srv/eagle3/prompts/lab-prompts.jsonl", "5", "64", env=REFERENCE_ENV,
                   python=SERVER_PYTHON)  # fmt: skip
     report = json.loads(out.strip().splitlines()[-1])
@@ -260,7 +271,7 @@ def test_the_served_draft_sees_the_layers_it_was_trained_on(deployed):
     # Trained on vLLM's ids [1, 3, 4] (inputs of layers 1, 3, 4), exported as SGLang's [0, 2, 3]; the reference
     # engine captures as SGLang does. Written unchanged, the ids would make SGLang capture one layer deeper.
     pct("push", "130", str(ROOT / "tests" / "data" / "aux_ids_check.py"), "/opt/eagle3-ops/aux_ids_check.py")
-    out = payload(130, "/opt/eagle3-ops/aux_ids_check.py", "/srv/eagle3/models/tiny-llama", DRAFT,
+    out = payload(130, "/opt/eagle3-ops/aux_ids_check.py", "/srv/eagle3/models/tiny-llama", served_draft(),
                   "/srv/eagle3/runs/tiny-llama/data/dataset", "/srv/eagle3/runs/tiny-llama/data/hidden_states",
                   "/srv/eagle3/prompts/lab-prompts.jsonl", "8", "20", env=REFERENCE_ENV,
                   python=SERVER_PYTHON)  # fmt: skip

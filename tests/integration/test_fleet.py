@@ -9,6 +9,7 @@ beside the one-node lab's tests in the other pytest-xdist worker."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -829,6 +830,156 @@ def test_a_server_that_fails_its_gate_is_rolled_back_and_the_rollout_stops(fleet
     assert {h: server(h, "cat", "/etc/systemd/system/sglang.service").stdout for h in SERVERS} == units
     assert [served_tokens(h) for h in SERVERS] == [5, 5]
     assert len(router_workers()) == 2 and all(w["is_healthy"] for w in router_workers().values())
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def draft_record() -> dict:
+    """The draft root's versions.json: the version each server serves, current and previous."""
+    return json.loads(on_share(f"{FLEET_RUN}/draft/versions.json").read_text())
+
+
+def unit_draft(host: str) -> str:
+    unit = server(host, "cat", "/etc/systemd/system/sglang.service").stdout
+    return re.search(r"--speculative-draft-model-path (\S+)", unit).group(1)
+
+
+PROBE = ["Explain speculative decoding in two sentences.", "List the steps of checkpoint resumption briefly.",
+         "Describe grouped query attention for a new engineer."]  # fmt: skip
+
+
+def probe(host: str) -> list[tuple[str, int]]:
+    """Three greedy requests straight to a server: each answer and its verify steps, which depend on the draft's
+    weights (the text does not: decoding is lossless)."""
+    out = []
+    for prompt in PROBE:
+        body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": 24, "temperature": 0}})
+        url = f"http://{IPS[int(host[2:])]}:30000/generate"
+        got = in_container(host, "POST", url, serving_keys(FLEET)["api"], body)
+        assert got["status"] == 200, got
+        answer = json.loads(got["body"])
+        out.append((answer["text"], answer["meta_info"]["spec_verify_ct"]))
+    return out
+
+
+def healthy_behind_the_router(seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(AssertionError, json.JSONDecodeError):
+            workers = router_workers()
+            if len(workers) == 2 and all(w["is_healthy"] for w in workers.values()):
+                return
+        assert time.monotonic() < deadline, "the servers did not come back healthy behind the router"
+        time.sleep(2)
+
+
+def test_a_new_draft_is_a_version_of_its_own_rolled_back_whole_and_an_older_source_served_again(fleet_served):
+    """Another epoch of the serving run (older than the draft on disk) is exported as a new immutable version. With a
+    gate it cannot pass, the first server restarts on it, fails, and is restored to the old version's unit: the old
+    weights are served (the same answers and verify steps), also after a restart, and nothing of the old version or
+    of the record changed. With a gate it passes, both servers move to it one at a time; the older source deployed
+    again is its old version again, untouched; a rerun converges."""
+    save = on_share(f"{FLEET_RUN}/train-serve/save")
+    best = (save / "checkpoint_best").resolve()
+    other = min((p for p in save.iterdir() if p.name.isdigit() and p.resolve() != best), key=lambda p: int(p.name))
+    with_other = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
+                  "-e", f"eagle3_draft_source={FLEET_RUN}/train-serve/save/{other.name}", "-e", "draft_tokens=5")
+    root = on_share(f"{FLEET_RUN}/draft")
+    old = draft_record()["current"]
+    old_path = f"{FLEET_RUN}/draft/{old}"
+    assert draft_record()["servers"] == dict.fromkeys(SERVERS, old)
+    assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, old_path)
+    weights = sha256(root / old / "model.safetensors")
+    before = {h: probe(h) for h in SERVERS}
+    assert before["ct133"] == before["ct134"]
+
+    failed = run_playbook("deploy.yml", *with_other, "-e", "sglang_serve_min_accept_length=50", env=fleet_env(),
+                          timeout=1800, check=False)  # fmt: skip
+    text = " ".join(failed.stdout.split())
+    assert failed.returncode != 0 and recap(failed.stdout)["ct133"]["failed"] == 1, failed.stdout[-4000:]
+    new = next(d.name for d in root.iterdir() if d.is_dir() and d.name not in (old,) and not d.name.startswith("."))
+    assert "Rolled back to the previous unit (previous service restored, healthy" in text
+    assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, old_path)
+    assert sha256(root / old / "model.safetensors") == weights
+    assert draft_record()["current"] == old and draft_record()["servers"] == dict.fromkeys(SERVERS, old)
+    assert probe("ct133") == before["ct133"]
+    server("ct133", "systemctl", "restart", "sglang")
+    healthy_behind_the_router()
+    assert probe("ct133") == before["ct133"]
+
+    # (the first epoch may accept little: a gate every draft passes - the version is what this proves)
+    promoted = run_playbook("deploy.yml", *with_other, "-e", "sglang_serve_min_accept_length=1.0", env=fleet_env(),
+                            timeout=1800, check=False)  # fmt: skip
+    assert promoted.returncode == 0, promoted.stdout[-4000:]
+    assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, f"{FLEET_RUN}/draft/{new}")
+    record = draft_record()
+    assert (record["current"], record["previous"], record["servers"]) == (new, old, dict.fromkeys(SERVERS, new))
+    after = {h: probe(h) for h in SERVERS}
+    assert [t for t, _ in after["ct133"]] == [t for t, _ in before["ct133"]]  # lossless: the same text
+    assert after["ct133"] != before["ct133"]  # another draft: other verify steps
+    left = [m.start() for m in re.finditer(r"TASK \[eagle3\.ops\.sglang_router : Take the server out", promoted.stdout)]
+    assert len(left) == 2  # one server at a time
+
+    back = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=5", env=fleet_env(), timeout=1800, check=False)
+    assert back.returncode == 0, back.stdout[-4000:]
+    assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, old_path)
+    assert sha256(root / old / "model.safetensors") == weights
+    assert (draft_record()["current"], draft_record()["previous"]) == (old, new)
+    assert {h: probe(h) for h in SERVERS} == before
+    again = run_playbook("deploy.yml", *SERVE, "-e", "draft_tokens=5", env=fleet_env(), timeout=900, check=False)
+    assert again.returncode == 0 and all(recap(again.stdout)[h]["changed"] == 0 for h in SERVERS), again.stdout[-3000:]
+
+
+def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(fleet_served):
+    """-e draft_canary=true under load through the router: the serving run's first epoch on ct133 alone, compared with
+    ct134 (the best epoch) over the same traffic, is rolled back, naming both figures, and ct134 is never touched;
+    with both servers on the first epoch, the best epoch's canary is promoted and reaches ct134 too. No request
+    fails either way."""
+    save = on_share(f"{FLEET_RUN}/train-serve/save")
+    best = (save / "checkpoint_best").resolve()
+    first = min((p for p in save.iterdir() if p.name.isdigit() and p.resolve() != best), key=lambda p: int(p.name))
+    first_epoch = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
+                   "-e", f"eagle3_draft_source={FLEET_RUN}/train-serve/save/{first.name}")
+    # a small window for the lab's traffic; every draft passes the gate, so only the canary decides
+    canary = ("-e", "draft_canary=true", "-e", "eagle3_canary_requests=12", "-e", "eagle3_canary_min_requests=6",
+              "-e", "sglang_serve_min_accept_length=1.0", "-e", "draft_tokens=5")
+    best_draft = unit_draft("ct134")
+    ct134_unit = server("ct134", "cat", "/etc/systemd/system/sglang.service").stdout
+
+    load = Load("canary-worse")
+    proc = run_playbook("deploy.yml", *first_epoch, *canary, env=fleet_env(), timeout=1800, check=False)
+    records = load.stop()
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode != 0 and recap(proc.stdout)["ct133"]["failed"] == 1, proc.stdout[-4000:]
+    said = re.search(r"Canary ct133 with (\S+): accept length ([\d.]+) against the others' ([\d.]+), more than 5 % "
+                     r"below over (\d+) request\(s\)", text)  # fmt: skip
+    assert said and said.group(1) != best_draft and float(said.group(2)) < float(said.group(3)), text[-3000:]
+    assert int(said.group(4)) >= 6
+    assert f"it serves the draft of the others, {best_draft}, again" in text
+    assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, best_draft)
+    assert server("ct134", "cat", "/etc/systemd/system/sglang.service").stdout == ct134_unit
+    assert [r for r in records if r["status"] != 200] == []
+    healthy_behind_the_router()
+
+    both = run_playbook("deploy.yml", *first_epoch, "-e", "draft_tokens=5", "-e", "sglang_serve_min_accept_length=1.0",
+                        env=fleet_env(), timeout=1800, check=False)  # fmt: skip
+    assert both.returncode == 0, both.stdout[-4000:]
+    first_draft = unit_draft("ct134")
+    assert first_draft != best_draft and unit_draft("ct133") == first_draft
+
+    load = Load("canary-better")
+    proc = run_playbook("deploy.yml", *SERVE, *canary, env=fleet_env(), timeout=1800, check=False)
+    records = load.stop()
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    said = re.search(rf"Canary ct133 with {re.escape(best_draft)}: accept length ([\d.]+) against the others' "
+                     r"([\d.]+) \(within 5 %\) over \d+ request\(s\) in [\d.]+ s - promoted", text)  # fmt: skip
+    assert said and float(said.group(1)) >= float(said.group(2)), text[-3000:]
+    assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, best_draft)
+    assert [r for r in records if r["status"] != 200] == []
+    assert [served_tokens(h) for h in SERVERS] == [5, 5]
 
 
 def refused_before_restart(message: str, *args: str) -> None:

@@ -312,6 +312,18 @@ def make_handler(engine: Engine, args: argparse.Namespace, name: str):
                                                     "+ bonus token per forward).")):  # fmt: skip
             lines += [f"# HELP sglang:{metric} {what}", f"# TYPE sglang:{metric} gauge",
                       f"sglang:{metric}{labels} {float(gauges.get(metric, 0.0))}"]  # fmt: skip
+        # SGLang's per-request counters (observe_one_finished_request): requests and generated tokens by streaming or
+        # not (one series here), verify forwards of speculative requests.
+        streamed = labels[:-1] + ',is_streaming="false"}'
+        with engine.stats.lock:
+            counted = (("num_requests_total", "Number of requests processed.", streamed, engine.stats.requests),
+                       ("generation_tokens_total", "Number of generation tokens processed.", streamed,
+                        engine.stats.generated),
+                       ("spec_verify_calls_total", "Number of speculative decoding verification calls.", labels,
+                        engine.stats.verify_steps))  # fmt: skip
+        for metric, what, where, value in counted:
+            lines += [f"# HELP sglang:{metric} {what}", f"# TYPE sglang:{metric} counter",
+                      f"sglang:{metric}{where} {float(value)}"]  # fmt: skip
         return "\n".join(lines) + "\n"
 
     def server_info() -> dict[str, Any]:

@@ -54,3 +54,43 @@ def test_eagle3_status_reads_the_engines_page():
             'sglang:spec_accept_length{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 2.2\n'
             'sglang:gen_throughput{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 55.0\n')
     assert status.live_figures(page) == {"live_accept_length": 2.2, "tokens_per_s": 55.0}
+
+
+COLLECTOR = r"""
+import json, sys
+from sglang_check import cpu_shims
+cpu_shims.torchvision_operator_schemas()  # what the payload's judge does before importing SGLang on a CPU host
+from prometheus_client import REGISTRY, generate_latest
+from sglang.srt import runtime_context
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.observability.metrics_collector import TokenizerMetricsCollector
+# the tokenizer process's config, as SGLang's entry publishes it (a config-only target: nothing is loaded)
+runtime_context.publish(ServerArgs(model_path=sys.argv[1], device="cpu", enable_metrics=True), role="tokenizer")
+labels = {"model_name": "m"}
+c = TokenizerMetricsCollector(labels=labels)
+# SGLang's tokenizer manager, per finished request: 24 tokens in 10 verify forwards, then 30 in 10 (streamed)
+c.observe_one_finished_request(labels, 12, 24, 0, 0.5, False, spec_verify_ct=10, is_streaming=False)
+c.observe_one_finished_request(labels, 12, 30, 0, 0.5, False, spec_verify_ct=10, is_streaming=True)
+print(json.dumps(generate_latest(REGISTRY).decode()))
+"""
+
+
+def test_the_canary_reads_sglangs_own_counters_and_the_reference_engine_writes_the_same(tmp_path):
+    """SGLang 0.5.23's TokenizerMetricsCollector, as its tokenizer manager calls it, produces the page the canary
+    parses: tokens per verify forward over the requests counted. The reference engine's page names them alike."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 4,
+        "vocab_size": 512, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32"}))  # fmt: skip
+    proc = subprocess.run([str(SGLANG_PYTHON), "-c", COLLECTOR, str(tmp_path)], cwd=ROOT / "eagle3_ops" / "payloads",
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = json.loads(proc.stdout.strip().splitlines()[-1])
+    canary = module_utils("_canary")
+    got = canary.counters(page)
+    assert got == {"num_requests_total": 2.0, "generation_tokens_total": 54.0, "spec_verify_calls_total": 20.0}
+    assert canary.accept_length(got) == 2.7
+    server = (ROOT / "eagle3_ops" / "payloads" / "serving" / "server.py").read_text()
+    for name in canary.COUNTERS:
+        assert f'("{name}"' in server, name

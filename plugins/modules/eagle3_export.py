@@ -558,6 +558,10 @@ class Versioned:
         x.line = sglang_line(x.p["sglang_version"])
         x.result["sglang_line"] = x.line.name
         current = read_record(self.root)["current"] if os.path.isdir(self.root) else None
+        if not current and os.path.isfile(os.path.join(self.root, "config.json")):
+            # a draft exported before versions, at the root itself: served as it is, as before
+            x.result["config"] = _read_json(os.path.join(self.root, "config.json")) if self.check else x.verify()
+            return
         if not current or not is_version(current) or not os.path.isdir(os.path.join(self.root, current)):
             raise ExportError(f"Neither a checkpoint at {x.src} nor a current draft version under {self.root} exists: "
                               "run train.yml first, or point src at a speculators epoch directory")

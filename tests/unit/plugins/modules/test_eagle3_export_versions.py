@@ -107,6 +107,13 @@ def test_a_missing_source_serves_the_current_version_or_names_both_paths(epoch, 
     assert res["verified"] and res["changed"] is False
 
 
+def test_a_draft_exported_before_versions_is_served_as_it_is_without_a_checkpoint(epoch, tmp_path, capsys):
+    root = tmp_path / "drafts"
+    export(capsys, src=str(epoch), dest=str(root))  # the flat layout of an earlier release
+    res = export(capsys, src=str(tmp_path / "gone"), dest=str(root), versions=True, src_optional=True)
+    assert not res.get("failed") and res["dest"] == str(root) and res["verified"] and "version" not in res
+
+
 def test_a_failed_export_leaves_no_version_and_no_staging(epoch, tmp_path, capsys):
     root = tmp_path / "drafts"
     conf = json.loads((epoch / "config.json").read_text())

@@ -865,7 +865,13 @@ def probe(host: str) -> list[tuple[str, int]]:
 
 
 def healthy_behind_the_router(seconds: float = 180) -> None:
+    """Every server answers its own /health again, and the router lists both healthy."""
     deadline = time.monotonic() + seconds
+    for host in SERVERS:
+        code = "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=5)"
+        while server(host, "python3", "-c", code, f"http://{IPS[int(host[2:])]}:30000/health", check=False).returncode:
+            assert time.monotonic() < deadline, f"{host} did not answer /health again"
+            time.sleep(2)
     while True:
         with contextlib.suppress(AssertionError, json.JSONDecodeError):
             workers = router_workers()

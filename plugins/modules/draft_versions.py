@@ -122,6 +122,10 @@ class DraftVersions:
         self.result: dict = {"changed": False, "removed": []}
 
     def run(self) -> None:
+        if not os.path.isdir(self.root) and self.module.check_mode:
+            # the export that would make the root made nothing in check mode: a version would be recorded
+            self.result.update(changed=self.p["state"] == "served", record={})
+            return
         if not os.path.isdir(self.root):
             raise VersionError(f"The draft root {self.root} does not exist: export a draft first (deploy.yml), or "
                                "point eagle3_draft_path at it")

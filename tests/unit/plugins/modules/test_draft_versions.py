@@ -47,3 +47,10 @@ def test_a_version_that_is_not_there_is_refused(tmp_path, capsys):
     assert res["failed"] and res["msg"].startswith(f"'{'f' * 16}' is not a draft version under {tmp_path}")
     res = run(capsys, root=str(tmp_path / "nope"), state="collected")
     assert res["failed"] and "does not exist: export a draft first" in res["msg"]
+
+
+def test_check_mode_before_the_first_export_says_a_version_would_be_recorded(tmp_path, capsys):
+    root = str(tmp_path / "drafts")
+    assert run(capsys, check=True, root=root, host="s1", version="a" * 16)["changed"] is True
+    assert run(capsys, check=True, root=root, state="collected")["changed"] is False
+    assert not (tmp_path / "drafts").exists()

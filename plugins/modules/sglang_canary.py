@@ -201,11 +201,13 @@ class Canary:
                 break
         end = self.read()
         seconds = round(time.monotonic() - begun, 1)
-        windows = {url: window(start[url], end[url]) for url in start}
-        restarted = [url for url, w in windows.items() if w is None]
-        if restarted:
-            raise CanaryError(f"{', '.join(restarted)} restarted during the canary's window (its counters went back): "
-                              "deploy again once the servers are steady")  # fmt: skip
+        windows: dict[str, dict[str, float]] = {}
+        for url in start:
+            counted = window(start[url], end[url])
+            if counted is None:
+                raise CanaryError(f"{url} restarted during the canary's window (its counters went back): deploy again "
+                                  "once the servers are steady")  # fmt: skip
+            windows[url] = counted
         self.result.update(decide(windows[self.canary], [windows[u] for u in self.peers], p["tolerance_percent"],
                                   p["min_requests"]), seconds=seconds)  # fmt: skip
 

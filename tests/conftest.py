@@ -90,6 +90,14 @@ def serving_keys(inventory: Path = TEST_INVENTORY) -> dict[str, str]:
     return yaml.safe_load((state / "eagle3-keys.yml").read_text())
 
 
+def record_figure(name: str, **values: object) -> None:
+    """A measured figure the notes quote (artifacts/test/figures.jsonl, one JSON object a line): what the test saw."""
+    out = ROOT / "artifacts" / "test" / "figures.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"figure": name, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), **values}) + "\n")
+
+
 def ansible_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

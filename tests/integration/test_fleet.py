@@ -35,6 +35,7 @@ from tests.conftest import (
     close_ssh_masters,
     flat,
     recap,
+    record_figure,
     run_playbook,
     serving_keys,
 )
@@ -809,6 +810,8 @@ def test_a_rolling_switch_under_load_fails_no_request(fleet_served):
     before, during = rate(records, t0 - 5, t0), rate(records, t0, t1)
     print(f"rolling switch: {len(records)} requests, 0 failed; {before:.2f} req/s before, {during:.2f} during "
           f"({during / before:.2f}x) over {t1 - t0:.0f} s")  # fmt: skip
+    record_figure("rolling switch under load (keyed)", requests=len(records), failed=0, before_rps=round(before, 3),
+                  during_rps=round(during, 3), seconds=round(t1 - t0, 1))  # fmt: skip
     assert during > 0
 
 
@@ -955,7 +958,9 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     ct134_unit = server("ct134", "cat", "/etc/systemd/system/sglang.service").stdout
 
     load = Load("canary-worse")
+    started = time.monotonic()
     proc = run_playbook("deploy.yml", *first_epoch, *canary, env=fleet_env(), timeout=1800, check=False)
+    took = time.monotonic() - started
     records = load.stop()
     text = " ".join(proc.stdout.split())
     assert proc.returncode != 0 and recap(proc.stdout)["ct133"]["failed"] == 1, proc.stdout[-4000:]
@@ -963,6 +968,10 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
                      r"below over (\d+) request\(s\)", text)  # fmt: skip
     assert said and said.group(1) != best_draft and float(said.group(2)) < float(said.group(3)), text[-3000:]
     assert int(said.group(4)) >= 6
+    window = re.search(r"in ([\d.]+) s - rolled back", text)
+    record_figure("canary rolled back", canary=float(said.group(2)), others=float(said.group(3)),
+                  requests=int(said.group(4)), window_s=float(window.group(1)) if window else None,
+                  deploy_s=round(took, 1), load_requests=len(records))  # fmt: skip
     assert f"it serves the draft of the others, {best_draft}, again" in text
     assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, best_draft)
     assert server("ct134", "cat", "/etc/systemd/system/sglang.service").stdout == ct134_unit
@@ -976,13 +985,18 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     assert first_draft != best_draft and unit_draft("ct133") == first_draft
 
     load = Load("canary-better")
+    started = time.monotonic()
     proc = run_playbook("deploy.yml", *SERVE, *canary, env=fleet_env(), timeout=1800, check=False)
+    took = time.monotonic() - started
     records = load.stop()
     text = " ".join(proc.stdout.split())
     assert proc.returncode == 0, proc.stdout[-4000:]
     said = re.search(rf"Canary ct133 with {re.escape(best_draft)}: accept length ([\d.]+) against the others' "
-                     r"([\d.]+) \(within 5 %\) over \d+ request\(s\) in [\d.]+ s - promoted", text)  # fmt: skip
+                     r"([\d.]+) \(within 5 %\) over (\d+) request\(s\) in ([\d.]+) s - promoted", text)  # fmt: skip
     assert said and float(said.group(1)) >= float(said.group(2)), text[-3000:]
+    record_figure("canary promoted", canary=float(said.group(1)), others=float(said.group(2)),
+                  requests=int(said.group(3)), window_s=float(said.group(4)), deploy_s=round(took, 1),
+                  load_requests=len(records))  # fmt: skip
     assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, best_draft)
     assert [r for r in records if r["status"] != 200] == []
     assert [served_tokens(h) for h in SERVERS] == [5, 5]

@@ -134,6 +134,15 @@ def test_force_runs_past_the_fingerprints(monkeypatch):
                     ("deploy.yml", {"draft_tokens": 5, "eagle3_force": True}), ("deploy.yml", {"draft_tokens": 16})]
 
 
+def test_canary_asks_deploy_yml_for_one(monkeypatch):
+    from eagle3_ops import cli
+
+    seen: list[dict] = []
+    monkeypatch.setattr(cli, "_run", lambda args, playbook, extra=None, on_event=None: seen.append(extra or {}) or 0)
+    args = build_parser().parse_args(["deploy", "--canary", "--draft-tokens", "10"])
+    assert args.func(args) == 0 and seen == [{"draft_tokens": 10, "draft_canary": True}]
+
+
 def test_a_server_shows_its_live_accept_length_and_throughput_beside_the_gates_and_warns_on_drift():
     serving = {"draft": "/d/kimi-eagle3", "draft_tokens": 16, "accept_length": 2.61, "live_accept_length": 2.05,
                "gate_accept_length": 2.7, "tokens_per_s": 812.4,

@@ -10,6 +10,7 @@ and extraction counts from a data job's last line; and the same table after stat
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -74,7 +75,10 @@ def served_cell(serving: Mapping[str, Any]) -> str:
         value = serving.get(key)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-    name = str(serving.get("draft") or "no draft").rstrip("/").rsplit("/", 1)[-1]
+    parts = str(serving.get("draft") or "no draft").rstrip("/").rsplit("/", 2)
+    name = parts[-1]
+    if len(parts) > 1 and re.fullmatch(r"[0-9a-f]{16}", name):  # an immutable version: its root's name and its own
+        name = f"{parts[-2]}@{name[:8]}"
     cell = f"{name} x{serving.get('draft_tokens') or '-'}"
     figures = [(label, number(key)) for label, key in (("accept", "accept_length"), ("live", "live_accept_length"),
                                                        ("gate", "gate_accept_length"))]  # fmt: skip

@@ -119,7 +119,7 @@ def test_the_status_table_shows_what_is_served(deployed):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("ct130"))
     # the average since the start, the live figure over SGLang's last log interval (when one completed) and the
     # gate's at deploy
-    cell = r"tiny-llama-eagle3 x16 accept \d\.\d\d( live \d\.\d\d)? gate \d\.\d\d( \d+ tok/s)?$"
+    cell = r"tiny-llama-eagle3@[0-9a-f]{8} x16 accept \d\.\d\d( live \d\.\d\d)? gate \d\.\d\d( \d+ tok/s)?$"
     assert re.search(cell, row.rstrip()), row
 
 

@@ -154,3 +154,7 @@ def test_a_server_shows_its_live_accept_length_and_throughput_beside_the_gates_a
     quiet = {**serving, "live_accept_length": None, "tokens_per_s": None, "drift_warning": None}
     lines = render_status({"ct130": {"state": "running", "gpus": [], "serving": quiet}}).splitlines()
     assert lines[1].rstrip().endswith("kimi-eagle3 x16 accept 2.61 gate 2.70") and len(lines) == 2
+    # an immutable draft version shows as its root's name and the first digits of its own
+    versioned = {**quiet, "draft": "/d/kimi-eagle3/3f9c2a7be01d44c5"}
+    lines = render_status({"ct130": {"state": "running", "gpus": [], "serving": versioned}}).splitlines()
+    assert lines[1].rstrip().endswith("kimi-eagle3@3f9c2a7b x16 accept 2.61 gate 2.70")

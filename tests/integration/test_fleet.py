@@ -943,24 +943,32 @@ def test_a_new_draft_is_a_version_of_its_own_rolled_back_whole_and_an_older_sour
 
 
 def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(fleet_served):
-    """-e draft_canary=true under load through the router: the serving run's first epoch on ct133 alone, compared with
-    ct134 (the best epoch) over the same traffic, is rolled back, naming both figures, and ct134 is never touched;
-    with both servers on the first epoch, the best epoch's canary is promoted and reaches ct134 too. No request
-    fails either way."""
+    """-e draft_canary=true under load through the router: a draft that drafts nothing right (the serving run's first
+    epoch with its lm_head zeroed: every draft token the same) on ct133 alone, compared with ct134 (the best epoch)
+    over the same traffic, is rolled back, naming both figures, and ct134 is never touched; with both servers on the
+    first epoch, the best epoch's canary is promoted and reaches ct134 too. No request fails either way. (The tiny
+    lab's first epoch alone drafts about as well as its best, within the canary's 5 %: no worse draft to judge.)"""
     save = on_share(f"{FLEET_RUN}/train-serve/save")
     best = (save / "checkpoint_best").resolve()
     first = min((p for p in save.iterdir() if p.name.isdigit() and p.resolve() != best), key=lambda p: int(p.name))
+    worse = on_share(f"{FLEET_RUN}/worse-draft")
+    shutil.rmtree(worse, ignore_errors=True)
+    shutil.copytree(first, worse)
+    zero_lm_head(worse)
+    worse_draft = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
+                   "-e", f"eagle3_draft_source={FLEET_RUN}/worse-draft")
     first_epoch = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
                    "-e", f"eagle3_draft_source={FLEET_RUN}/train-serve/save/{first.name}")
-    # a small window for the lab's traffic; every draft passes the gate, so only the canary decides
+    # a small window for the lab's traffic; every draft passes the gate (a draft that guesses nothing still verifies
+    # one token a step), so only the canary decides
     canary = ("-e", "draft_canary=true", "-e", "eagle3_canary_requests=12", "-e", "eagle3_canary_min_requests=6",
-              "-e", "sglang_serve_min_accept_length=1.0", "-e", "draft_tokens=5")
+              "-e", "sglang_serve_min_accept_length=0.5", "-e", "draft_tokens=5")
     best_draft = unit_draft("ct134")
     ct134_unit = server("ct134", "cat", "/etc/systemd/system/sglang.service").stdout
 
     load = Load("canary-worse")
     started = time.monotonic()
-    proc = run_playbook("deploy.yml", *first_epoch, *canary, env=fleet_env(), timeout=1800, check=False)
+    proc = run_playbook("deploy.yml", *worse_draft, *canary, env=fleet_env(), timeout=1800, check=False)
     took = time.monotonic() - started
     records = load.stop()
     text = " ".join(proc.stdout.split())
@@ -1001,6 +1009,20 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, best_draft)
     assert [r for r in records if r["status"] != 200] == []
     assert [served_tokens(h) for h in SERVERS] == [5, 5]
+
+
+def zero_lm_head(checkpoint: Path) -> None:
+    """Zero the draft's lm_head in place in a speculators checkpoint's safetensors (whatever its dtype): its logits are
+    all equal, so it proposes the same token every time."""
+    for path in checkpoint.glob("*.safetensors"):
+        with open(path, "r+b") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+            for key, meta in header.items():
+                if key.endswith("lm_head.weight"):
+                    start, end = meta["data_offsets"]
+                    fh.seek(8 + size + start)
+                    fh.write(bytes(end - start))
 
 
 def refused_before_restart(message: str, *args: str) -> None:

@@ -944,17 +944,18 @@ def test_a_new_draft_is_a_version_of_its_own_rolled_back_whole_and_an_older_sour
 
 def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(fleet_served):
     """-e draft_canary=true under load through the router: a draft that drafts nothing right (the serving run's first
-    epoch with its lm_head zeroed: every draft token the same) on ct133 alone, compared with ct134 (the best epoch)
-    over the same traffic, is rolled back, naming both figures, and ct134 is never touched; with both servers on the
-    first epoch, the best epoch's canary is promoted and reaches ct134 too. No request fails either way. (The tiny
-    lab's first epoch alone drafts about as well as its best, within the canary's 5 %: no worse draft to judge.)"""
+    epoch with its lm_head negated: it proposes what it rates least likely) on ct133 alone, compared with ct134 (the
+    best epoch) over the same traffic, is rolled back, naming both figures, and ct134 is never touched; with both
+    servers on the first epoch, the best epoch's canary is promoted and reaches ct134 too. No request fails either
+    way. (The tiny lab's first epoch drafts within the canary's 5 % of its best, and a zeroed head proposes the most
+    frequent token, which the tiny target emits often: neither is a worse draft there.)"""
     save = on_share(f"{FLEET_RUN}/train-serve/save")
     best = (save / "checkpoint_best").resolve()
     first = min((p for p in save.iterdir() if p.name.isdigit() and p.resolve() != best), key=lambda p: int(p.name))
     worse = on_share(f"{FLEET_RUN}/worse-draft")
     shutil.rmtree(worse, ignore_errors=True)
     shutil.copytree(first, worse)
-    zero_lm_head(worse)
+    negate_lm_head(worse)
     worse_draft = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
                    "-e", f"eagle3_draft_source={FLEET_RUN}/worse-draft")
     first_epoch = ("-e", f"eagle3_run_dir={FLEET_RUN}", "-e", f"eagle3_draft_path={FLEET_RUN}/draft",
@@ -1011,18 +1012,23 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     assert [served_tokens(h) for h in SERVERS] == [5, 5]
 
 
-def zero_lm_head(checkpoint: Path) -> None:
-    """Zero the draft's lm_head in place in a speculators checkpoint's safetensors (whatever its dtype): its logits are
-    all equal, so it proposes the same token every time."""
+def negate_lm_head(checkpoint: Path) -> None:
+    """Negate the draft's lm_head in place in a speculators checkpoint's safetensors (the sign bit of each bf16, f16 or
+    f32 value): it proposes the token its training rated least likely. (A zeroed head is no worse draft here: its
+    argmax is draft id 0, the most frequent token, which the tiny target emits often.)"""
     for path in checkpoint.glob("*.safetensors"):
         with open(path, "r+b") as fh:
             size = int.from_bytes(fh.read(8), "little")
             header = json.loads(fh.read(size))
             for key, meta in header.items():
                 if key.endswith("lm_head.weight"):
+                    width = {"BF16": 2, "F16": 2, "F32": 4}[meta["dtype"]]
                     start, end = meta["data_offsets"]
                     fh.seek(8 + size + start)
-                    fh.write(bytes(end - start))
+                    data = bytearray(fh.read(end - start))
+                    data[width - 1 :: width] = bytes(b ^ 0x80 for b in data[width - 1 :: width])
+                    fh.seek(8 + size + start)
+                    fh.write(data)
 
 
 def refused_before_restart(message: str, *args: str) -> None:

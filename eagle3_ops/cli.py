@@ -182,6 +182,33 @@ def cmd_status(args: argparse.Namespace) -> int:
                                       else EXIT_FAILED)  # fmt: skip
 
 
+def render_plan(plans: dict[str, Any], failed: dict[str, str]) -> str:
+    """One table per host (the plan module's rows), its warnings, and each refused host's sentence."""
+    out: list[str] = []
+    for host in sorted(plans):
+        out += [f"{host}:", *(f"  {row}" for row in plans[host].get("table", []))]
+        out += [f"  warning: {w}" for w in plans[host].get("warnings", [])]
+    out += [f"{host}: REFUSED - {msg}" for host, msg in sorted(failed.items())]
+    return "\n".join(out)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plans: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+
+    def collect(event: dict[str, Any]) -> None:
+        data = event.get("event_data", {})
+        if event.get("event") == "runner_on_failed" and data.get("host") and not data.get("ignore_errors"):
+            failed[data["host"]] = str((data.get("res") or {}).get("msg", "failed"))
+        elif event.get("event") == "playbook_on_stats":
+            plans.update((data.get("artifact_data") or {}).get("eagle3_plan") or {})
+
+    result = run_playbook("plan.yml", extravars=_extravars(args.extra_vars), inventory=args.inventory,
+                          limit=args.limit, on_event=collect)  # fmt: skip
+    print(render_plan(plans, failed))
+    return _report(result)
+
+
 def cmd_playbook(playbook: str):
     def run(args: argparse.Namespace) -> int:
         return _run(args, playbook, {"eagle3_force": True} if getattr(args, "force", False) else None)
@@ -337,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", parents=[common], help="sweep draft tokens plus a baseline; report (bench.yml)")
     bench.add_argument("--draft-tokens", type=int, nargs="+", help="values to sweep (default 16 10 5)")
     bench.set_defaults(func=cmd_bench)
+    plan = sub.add_parser("plan", parents=[common],
+                          help="disk, GPU memory and time for every stage at the target's scale, before anything runs")
+    plan.set_defaults(func=cmd_plan)
     status = sub.add_parser("status", parents=[common], help="one table for the fleet: GPUs, training, serving")
     status.set_defaults(func=cmd_status)
     init = sub.add_parser("init", help="write a fleet inventory from a few answers (asks when flags are missing)")

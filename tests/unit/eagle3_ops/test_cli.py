@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_progress_lines():
 def test_parser_has_the_commands():
     parser = build_parser()
     for argv in (["lab", "up"], ["cleanup", "-l", "trainers", "--check"], ["provision", "-i", "x"], ["status"],
-                 ["train"], ["deploy", "--draft-tokens", "10"], ["bench", "--draft-tokens", "16", "5"]):
+                 ["plan"], ["train"], ["deploy", "--draft-tokens", "10"], ["bench", "--draft-tokens", "16", "5"]):
         assert parser.parse_args(argv).func
     args = parser.parse_args(["deploy", "--topk", "4", "--steps", "3", "--draft-tokens", "8"])
     assert (args.topk, args.steps, args.draft_tokens) == (4, 3, 8)
@@ -158,3 +159,24 @@ def test_a_server_shows_its_live_accept_length_and_throughput_beside_the_gates_a
     versioned = {**quiet, "draft": "/d/kimi-eagle3/3f9c2a7be01d44c5"}
     lines = render_status({"ct130": {"state": "running", "gpus": [], "serving": versioned}}).splitlines()
     assert lines[1].rstrip().endswith("kimi-eagle3@3f9c2a7b x16 accept 2.61 gate 2.70")
+
+
+def test_plan_prints_each_hosts_table_and_each_refusal(monkeypatch, capsys):
+    from eagle3_ops import cli
+    from eagle3_ops.runner import RunResult
+
+    def fake_run(playbook, extravars, inventory, limit, on_event):
+        assert playbook == "plan.yml" and extravars == {"eagle3_plan_force": "true"}
+        on_event({"event": "runner_on_failed", "event_data": {"host": "srv1", "res": {
+            "msg": "srv1's GPUs cannot hold what it would load: 80.1 GiB per GPU"}}})
+        on_event({"event": "playbook_on_stats", "event_data": {"artifact_data": {"eagle3_plan": {
+            "ct129": {"table": ["stage | what", "training | start 16384"], "warnings": ["declared throughput"]}}}}})
+        return RunResult(playbook=playbook, rc=2, status="failed", stats={"srv1": {"failures": 1}},
+                         run_dir=Path("/tmp/run"))
+
+    monkeypatch.setattr(cli, "run_playbook", fake_run)
+    args = build_parser().parse_args(["plan", "-e", "eagle3_plan_force=true"])
+    assert args.func(args) == cli.EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "ct129:\n  stage | what\n  training | start 16384\n  warning: declared throughput\n" in out
+    assert "srv1: REFUSED - srv1's GPUs cannot hold what it would load: 80.1 GiB per GPU" in out

@@ -1,4 +1,4 @@
-"""training.hs_store: the hidden-state store's settings, shards and checks; training.disk's fp8 and online advice."""
+"""training.hs_store: the hidden-state store's settings, shards and checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from eagle3_ops.payloads.training import disk, hs_store
+from eagle3_ops.payloads.training import hs_store
 from tests.modules import ROOT
 
 # torch, safetensors and datasets: the controller's SGLang environment has them (the payload's own runtime
@@ -94,24 +94,3 @@ def test_check_sets_aside_wrong_files_names_missing_rows_and_marks_a_complete_sh
     assert whole["complete"] and json.loads((tmp_path / "hs" / "COMPLETE.json").read_text())["samples"] == 4
     # a wrong shape (other layer count) is rejected too
     assert check("--all", "--slots", "3")["rejected"] == 4
-
-
-def test_disk_advice_names_the_fp8_store_and_online_training_with_their_numbers(tmp_path):
-    file_bytes = disk.hidden_state_bytes(37312, 2150, 7168, aux_layers=3, dtype_bytes=2)
-    fp8_bytes = disk.hidden_state_bytes(37312, 2150, 7168, aux_layers=3, fp8=True)
-    assert 0.49 < fp8_bytes / file_bytes < 0.51  # "about half the bytes": 4.6 TB -> 2.3 TB
-    check = disk.DiskCheck(file_bytes, int(3e12), "/srv/hs", fp8_needed=fp8_bytes)
-    msg = check.message()
-    assert "need 4.69 TB" in msg and "fp8 store needs 2.35 TB and fits" in msg
-    assert "eagle3_data_hidden_store: fp8" in msg and "eagle3_train_hidden_states: online" in msg
-    assert "does not fit either" in disk.DiskCheck(file_bytes, int(1e12), "/srv", fp8_needed=fp8_bytes).message()
-
-
-def test_disk_cli_divides_the_store_among_per_host_shards(tmp_path, capsys):
-    args = ["--path", str(tmp_path), "--samples", "1000", "--mean-tokens", "100", "--hidden", "64"]
-    assert disk.main(args) == 0
-    whole = json.loads(capsys.readouterr().out)
-    assert disk.main([*args, "--shards", "4"]) == 0
-    quarter = json.loads(capsys.readouterr().out)
-    assert quarter["needed"] == pytest.approx(whole["needed"] / 4, rel=0.01)
-    assert whole["fp8_needed"] < whole["needed"]

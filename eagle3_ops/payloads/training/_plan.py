@@ -1,0 +1,1 @@
+../../../plugins/module_utils/_plan.py

@@ -21,6 +21,10 @@ def progress_bar(done: float, total: float, width: int = 24) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {frac:4.0%}"
 
 
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
 def wait_line(stdout: str) -> str | None:
     """A progress line for a poll of a long stage: training epochs (the monitor's JSON sample) or a data job."""
     lines = [line for line in stdout.splitlines() if line.strip()]
@@ -36,8 +40,10 @@ def wait_line(stdout: str) -> str | None:
             limit = sum(g.get("power_limit") or 0 for g in gpus)
             extra = f" {power:.0f}/{limit:.0f} W" if gpus else ""
             tps = f" {s['tokens_per_s']:.0f} tok/s" if s.get("tokens_per_s") else ""
+            eta = (f", ETA epoch {_hours(s['eta_epoch_s'])}, run {_hours(s['eta_s'])}"
+                   if s.get("eta_s") is not None else "")  # fmt: skip
             return (f"{progress_bar(s['epoch'] - 1, s['epochs'])} epoch {s['epoch']}/{s['epochs']} "
-                    f"step {s.get('step', '-')}{tps} (attempt {s.get('attempt')}, "
+                    f"step {s.get('step', '-')}{tps}{eta} (attempt {s.get('attempt')}, "
                     f"total_seq_len {s.get('total_seq_len')}){extra}")  # fmt: skip
         if s.get("attempt"):
             return f"attempt {s['attempt']}, total_seq_len {s.get('total_seq_len')}: starting"

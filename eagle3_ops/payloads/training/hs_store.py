@@ -17,6 +17,10 @@ store gets ``COMPLETE.json``, the marker the data stage skips on.
 Usage:
   python3 -m training.hs_store begin --out DIR --settings JSON
   python3 -m training.hs_store check --data DATASET --out DIR --slots 4 --hidden 7168 [--world 2 --rank 1 | --all]
+  python3 -m training.hs_store progress --out DIR --expected BYTES --state FILE
+
+``progress`` prints one line for the data stage's wait: the bytes the store holds against the plan's for this
+host's share (eagle3.ops.eagle3_plan), what is left, and an ETA at the rate measured since its first sample.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ import json
 import os
 import re
 import sys
+import time
 from typing import Any
 
-try:  # shipped beside this file (a link to the collection's module_utils/_atomic.py)
+try:  # shipped beside this file (links to the collection's module_utils/_atomic.py and _plan.py)
     from . import _atomic as st
+    from ._plan import bytes_under
 except ImportError:  # pragma: no cover - run as a loose script
     import _atomic as st  # type: ignore[no-redef]
+    from _plan import bytes_under  # type: ignore[no-redef]
 
 SETTINGS = "EXTRACTION.json"
 COMPLETE = "COMPLETE.json"
@@ -137,6 +144,33 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _size(n: float, unit: float) -> str:
+    return f"{n / unit:.0f}"
+
+
+def progress(out: str, expected: int, state: str, now: float | None = None) -> str:
+    """One progress line: the bytes the store holds against the plan's, what is left and when it should be done, at
+    the rate measured since the first sample (kept in ``state``; a store that shrank starts the measure again)."""
+    now = time.time() if now is None else now
+    written = bytes_under(out) if os.path.isdir(out) else 0
+    first = _read_json(state)
+    if not isinstance(first, dict) or written < first.get("bytes", 0):
+        first = {"time": now, "bytes": written}
+        st.write_json_atomic(state, first)
+    unit, name = (1000**3, "GB") if expected >= 10 * 1000**3 else (1000**2, "MB")
+    left = max(0, expected - written)
+    rate = (written - first["bytes"]) / (now - first["time"]) if now > first["time"] else 0.0
+    if left == 0:
+        eta = "the plan's bytes are in"
+    elif rate > 0:
+        seconds = left / rate
+        eta = f"ETA {seconds / 3600:.1f} h" if seconds >= 3600 else f"ETA {seconds / 60:.0f} min"
+    else:
+        eta = "ETA after the next sample"
+    return (f"[hidden] {_size(written, unit)}/{_size(expected, unit)} {name} written, {_size(left, unit)} {name} "
+            f"to go, {eta} ({rate / 1000**2:.1f} MB/s)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hs_store", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -153,7 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--rank", type=int, default=0)
     c.add_argument("--all", action="store_true", help="the whole dataset, whatever the shards")
     c.add_argument("--values", action="store_true", help="also read every value (finite); reads the whole store")
+    g = sub.add_parser("progress", help="bytes written against the plan's, what is left and an ETA (one line)")
+    g.add_argument("--out", required=True)
+    g.add_argument("--expected", type=int, required=True, help="the plan's bytes for this host's share")
+    g.add_argument("--state", required=True, help="a file that keeps the first sample (the rate is measured since)")
     args = ap.parse_args(argv)
+    if args.command == "progress":
+        print(progress(args.out, args.expected, args.state))
+        return 0
     if args.command == "begin":
         try:
             settings = json.loads(args.settings)

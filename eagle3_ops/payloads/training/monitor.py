@@ -6,7 +6,10 @@ power and utilisation. Power samples of busy GPUs (more than ``--busy-mib`` in u
 ``STATE/monitor.json``; once ``--min-samples`` are in, a mean draw below ``--low-power`` of the limit adds a
 ``warning``: the seeds' run at total_seq_len 8192 drew 250-476 W of 600 W and had room for a larger budget.
 
-Usage: python3 -m training.monitor --state DIR [--low-power 0.6]
+With ``--steps-per-epoch`` (the plan's), it adds the epoch's and the run's ETA at the step rate measured since the
+attempt's first sample.
+
+Usage: python3 -m training.monitor --state DIR [--low-power 0.6] [--steps-per-epoch N]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import Any
 
 try:  # shipped beside this file (a link to the collection's module_utils/_atomic.py)
@@ -69,6 +73,25 @@ def progress(log_path: str) -> dict[str, Any]:
     return found
 
 
+def eta(acc: dict[str, Any], sample: dict[str, Any], steps_per_epoch: int, now: float) -> dict[str, Any]:
+    """The epoch's and the run's time to go at the step rate measured since this attempt's first sample (kept in
+    ``acc``; a new attempt, or a step count that went back, starts the measure again)."""
+    step, epoch, epochs = int(sample["step"]), int(sample.get("epoch") or 1), int(sample["epochs"])
+    first = acc.get("rate_from")
+    if not first or first.get("attempt") != sample.get("attempt") or step < first["step"]:
+        acc["rate_from"] = first = {"attempt": sample.get("attempt"), "step": step, "time": now}
+    done = step - (epoch - 1) * steps_per_epoch  # speculators counts global steps across epochs
+    if not 0 <= done <= steps_per_epoch:
+        done = step % steps_per_epoch
+    out: dict[str, Any] = {"steps_per_epoch": steps_per_epoch}
+    if now > first["time"] and step > first["step"]:
+        rate = (step - first["step"]) / (now - first["time"])
+        out["step_s"] = round(1 / rate, 3)
+        out["eta_epoch_s"] = int((steps_per_epoch - done) / rate)
+        out["eta_s"] = int(((epochs - epoch) * steps_per_epoch + steps_per_epoch - done) / rate)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="monitor", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -77,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy-mib", type=float, default=1024)
     ap.add_argument("--min-samples", type=int, default=3)
     ap.add_argument("--no-record", action="store_true", help="read only (status views): do not add a power sample")
+    ap.add_argument("--steps-per-epoch", type=int, default=0,
+                    help="the plan's steps per epoch: with it, the epoch's and the run's ETA at the measured step rate")
     args = ap.parse_args(argv)
     sample: dict[str, Any] = {}
     try:
@@ -101,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         acc["ratio_sum"] += sum(g["power_draw"] / g["power_limit"] for g in busy) / len(busy)
         os.makedirs(args.state, exist_ok=True)
         st.write_json_atomic(store, acc)
+    if args.steps_per_epoch and sample.get("step") is not None and sample.get("epochs"):
+        sample.update(eta(acc, sample, args.steps_per_epoch, time.time()))
+        if not args.no_record:
+            os.makedirs(args.state, exist_ok=True)
+            st.write_json_atomic(store, acc)
     if acc["samples"]:
         mean = acc["ratio_sum"] / acc["samples"]
         sample["mean_power_ratio"] = round(mean, 3)

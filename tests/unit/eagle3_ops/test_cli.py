@@ -54,6 +54,10 @@ def test_progress_lines():
     regen = wait_line("ActiveState=active\n[regen] 40/160 (8.4/s)")
     assert regen == "[######..................]  25% [regen] 40/160 (8.4/s)"
     assert wait_line("ActiveState=active\nResult=success") is None
+    timed = wait_line(json.dumps({**sample, "eta_epoch_s": 5400, "eta_s": 600}))
+    assert timed is not None and "step 40 3590 tok/s, ETA epoch 1.5 h, run 10 min (attempt 2" in timed
+    hidden = wait_line("ActiveState=active\n[hidden] 1200/4600 GB written, 3400 GB to go, ETA 5.2 h (180.0 MB/s)")
+    assert hidden is not None and hidden.startswith("[######") and "3400 GB to go, ETA 5.2 h" in hidden
 
 
 def test_parser_has_the_commands():

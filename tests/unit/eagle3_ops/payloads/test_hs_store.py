@@ -94,3 +94,18 @@ def test_check_sets_aside_wrong_files_names_missing_rows_and_marks_a_complete_sh
     assert whole["complete"] and json.loads((tmp_path / "hs" / "COMPLETE.json").read_text())["samples"] == 4
     # a wrong shape (other layer count) is rejected too
     assert check("--all", "--slots", "3")["rejected"] == 4
+
+
+def test_progress_against_the_plan_with_an_eta(tmp_path):
+    out, state = tmp_path / "hs", str(tmp_path / "progress.json")
+    out.mkdir()
+    (out / "hs_0.safetensors").write_bytes(b"x" * 2_000_000)
+    first = hs_store.progress(str(out), 10_000_000, state, now=1000.0)
+    assert first.startswith("[hidden] 2/10 MB written, 8 MB to go, ETA after the next sample")
+    (out / "hs_1.safetensors").write_bytes(b"x" * 2_000_000)
+    line = hs_store.progress(str(out), 10_000_000, state, now=1010.0)  # 2 MB in 10 s: 6 MB left, 30 s
+    assert line == "[hidden] 4/10 MB written, 6 MB to go, ETA 0 min (0.2 MB/s)", line
+    (out / "hs_1.safetensors").unlink()
+    (out / "hs_0.safetensors").unlink()  # a store emptied (other settings): the measure starts again
+    assert "ETA after the next sample" in hs_store.progress(str(out), 10_000_000, state, now=1020.0)
+    assert hs_store.main(["progress", "--out", str(out), "--expected", str(50 * 1000**3), "--state", state]) == 0

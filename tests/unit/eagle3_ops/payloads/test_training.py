@@ -381,3 +381,14 @@ def test_a_restarted_leader_whose_follower_never_beats_stops_instead_of_waiting_
     # (no EAGLE3_TRAIN_HOSTS: the node is named by its state directory)
     assert [(a["n"], a["cause"], a.get("node")) for a in tried] == [
         (1, "interrupted", None), (2, "node_gone", str(state / "node-1"))]  # fmt: skip
+
+
+def test_monitor_eta_from_the_measured_step_rate():
+    from eagle3_ops.payloads.training import monitor
+
+    acc: dict = {}
+    sample = {"attempt": 1, "epoch": 2, "epochs": 3, "step": 120}
+    assert monitor.eta(acc, sample, 100, now=0.0) == {"steps_per_epoch": 100}  # the first sample: no rate yet
+    got = monitor.eta(acc, {**sample, "step": 130}, 100, now=20.0)  # 10 steps in 20 s
+    assert got == {"steps_per_epoch": 100, "step_s": 2.0, "eta_epoch_s": 140, "eta_s": 340}
+    assert "step_s" not in monitor.eta(acc, {**sample, "attempt": 2, "step": 5}, 100, now=30.0)  # a new attempt

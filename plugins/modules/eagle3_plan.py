@@ -63,6 +63,11 @@ options:
       dataset has measured them.
     type: float
     default: 0
+  rows_summary:
+    description: The data stage's summary of its rows on the host (C(rows), C(tokens)); when it exists, and neither
+      O(samples) nor O(token_counts) is given, the plan sizes the hidden states and training from these measured
+      counts instead of the estimate.
+    type: path
   token_counts:
     description: The token count of each sample, when known (packing is planned from them).
     type: list
@@ -248,6 +253,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "prompt_tokens": {"type": "float", "default": 256},
     "samples": {"type": "int", "default": 0},
     "mean_tokens": {"type": "float", "default": 0},
+    "rows_summary": {"type": "path"},
     "token_counts": {"type": "list", "elements": "int"},
     "hidden_path": {"type": "path"},
     "hidden_store": {"type": "str", "choices": ["file", "fp8", "online"], "default": "file"},
@@ -315,6 +321,19 @@ class Planner:
         except ValueError as exc:
             raise PlanError(f"The target's config {path} is not valid JSON ({exc}): fix or replace it") from exc
 
+    def rows_summary(self) -> tuple[int, float] | None:
+        """The data stage's measured rows and tokens, when it has them and nothing more precise was given."""
+        path = self.p["rows_summary"]
+        if self.p["samples"] or self.p["token_counts"] or not path or not os.path.isfile(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            rows, tokens = int(data["rows"]), int(data["tokens"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return (rows, tokens / rows) if rows > 0 else None
+
     def gpu_bytes(self) -> int:
         if not self.p["gpu_memory_mib"]:
             raise PlanError(f"No GPU memory to plan against on {self.p['host']}: read the GPUs first (gpu_facts) or "
@@ -324,6 +343,9 @@ class Planner:
     def run(self) -> dict[str, Any]:
         p, t = self.p, self.target()
         stages = p["stages"]
+        summary = self.rows_summary()
+        if summary:
+            p["samples"], p["mean_tokens"] = summary
         mean = p["mean_tokens"] or (p["prompt_tokens"] + p["max_tokens"])
         if not p["prompts"] and p["prompts_file"] and os.path.isfile(p["prompts_file"]):
             with open(p["prompts_file"], "rb") as fh:

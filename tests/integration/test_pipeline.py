@@ -226,3 +226,42 @@ def test_online_training_asks_vllm_and_keeps_no_store(trained, scratch):
         "/srv/eagle3/runs/online/online-cache:", f"{RUN}/data/hidden_states.incoming:"]
     # the server went with the run
     assert ct("systemctl", "is-active", "eagle3-data-vllm", check=False).strip() in ("inactive", "failed", "unknown")
+
+
+def test_the_plan_agrees_with_what_the_stages_wrote(trained, tmp_path):
+    """plan.yml after the pipeline: the hidden-state bytes it states (from the data stage's measured rows) within 10 %
+    of the files on disk, and the budget the job started at."""
+    proc = run_playbook(ROOT / "plan.yml", "-e", f"eagle3_reports_dir={tmp_path}", timeout=600)
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())["ct129"]
+    sizes = ct("find", f"{RUN}/data/hidden_states", "-name", "hs_*.safetensors", "-printf", "%s\n").split()
+    written = sum(int(size) for size in sizes)
+    stated = plan["stages"]["hidden_states"]["bytes"]
+    assert abs(stated / written - 1) < 0.10, (stated, written)
+    attempts = read_json(f"{RUN}/train/state/attempts.json")
+    assert plan["stages"]["training"]["start"] == attempts[0]["total_seq_len"]
+    logged = "tokens_per_s=" in ct("cat", f"{RUN}/train/state/attempt-{attempts[-1]['n']}.log")
+    assert plan["stages"]["training"]["throughput_source"] == ("measured" if logged else "declared")
+    assert any(line.startswith("hidden_states") for line in plan["table"])
+
+
+def test_a_run_copied_to_another_path_resumes_from_its_newest_complete_epoch(trained, scratch):
+    """The seeds' VM crash and disk migration: the run directory copied to another path, the job cut after its
+    seventh epoch; pointed at the new path, the job resumes there from epoch 6 and leaves the old copy alone."""
+    scratch("migrated")
+    new = "/srv/eagle3/runs/migrated"
+    before = ct("sha256sum", f"{RUN}/train/state/result.json")
+    ct("cp", "-a", RUN, new)
+    # the crash: no result, epochs 7.. gone, the best-epoch link dangling
+    ct("sh", "-c", 'cd "$1/train" && rm -f state/result.json save/checkpoint_best && for d in save/*/; do '
+       'e=$(basename "$d"); [ "$e" -ge 7 ] 2>/dev/null && rm -rf "$d"; done; true', "sh", new)  # fmt: skip
+    proc = run_playbook(ROOT / "train.yml", "--tags", "train", "-e", f"eagle3_run_dir={new}",
+                        "-e", "eagle3_train_unit=eagle3-train-migrated", timeout=900)  # fmt: skip
+    assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
+    attempts = read_json(f"{new}/train/state/attempts.json")
+    assert attempts[-1]["cause"] == "completed" and attempts[-1]["resume_from_epoch"] == 6, attempts[-1]
+    log = ct("cat", f"{new}/train/state/attempt-{attempts[-1]['n']}.log")
+    assert "Training epoch 7/15 started" not in log and "Training epoch 15/15 started" in log
+    result = read_json(f"{new}/train/state/result.json")
+    assert result["checkpoints"] == list(range(15)) and result["best_epoch"] is not None
+    assert ct("sha256sum", f"{RUN}/train/state/result.json") == before  # the old copy untouched

@@ -61,3 +61,14 @@ def test_bad_input_is_named(tmp_path, capsys):
     assert res["failed"] and res["msg"].startswith("Cannot read the target's config ")
     res = run(capsys, target_config=kimi_dir(tmp_path), stages=["training"])
     assert res["failed"] and res["msg"].startswith("No GPU memory to plan against on this host: ")
+
+
+def test_the_data_stages_measured_rows_replace_the_estimate(tmp_path, capsys):
+    summary = tmp_path / "rows.jsonl.summary.json"
+    summary.write_text('{"rows": 50, "tokens": 5000, "empty": 0}')
+    args = {"target_config": kimi_dir(tmp_path), "stages": ["hidden_states"], "prompts": 100,
+            "hidden_path": str(tmp_path / "hs"), "rows_summary": str(summary)}
+    hs = run(capsys, **args)["plan"]["stages"]["hidden_states"]
+    assert hs["bytes"] == 5000 * (7168 * 4 * 2 + 8) + 50 * 512
+    assert run(capsys, **{**args, "rows_summary": str(tmp_path / "none")})["plan"]["stages"]["hidden_states"][
+        "bytes"] == 100 * (256 + 2048) * (7168 * 4 * 2 + 8) + 100 * 512

@@ -368,12 +368,14 @@ def plan_hidden_states(p: Plan, t: Target, *, samples: int, mean_tokens: float, 
     fits = want <= free
     kind = "fp8" if store == "fp8" else {4: "fp32", 2: "bf16"}.get(dtype_bytes, f"{dtype_bytes}-byte")
     fp8_total = hidden_state_bytes(token_counts, samples, mean_tokens, t.hidden, slots, "fp8")
-    s: dict[str, Any] = {"what": f"{samples:,} samples x {slots} states x {t.hidden} {kind}"
-                 f"{'' if shared or shards <= 1 else f', 1/{shards} here'}",
-         "bytes": total, "bytes_here": here, "already": already, "needed": needed, "free": free, "path": path,
-         "measured_at": measured, "store": store, "slots": slots, "margin": margin,
-         "needs_text": _h(needed) + (f" (+{_h(already)} written)" if already else ""),
-         "against_text": f"{_h(free)} free at {measured}", "verdict": "ok" if fits else "REFUSED"}  # fmt: skip
+    share = "" if shared or shards <= 1 else f", 1/{shards} here"
+    s: dict[str, Any] = {
+        "what": f"{samples:,} samples x {slots} states x {t.hidden} {kind}{share}",
+        "bytes": total, "bytes_here": here, "already": already, "needed": needed, "free": free, "path": path,
+        "measured_at": measured, "store": store, "slots": slots, "margin": margin,
+        "needs_text": _h(needed) + (f" (+{_h(already)} written)" if already else ""),
+        "against_text": f"{_h(free)} free at {measured}", "verdict": "ok" if fits else "REFUSED",
+    }  # fmt: skip
     if store != "fp8":
         s["fp8_bytes"] = fp8_total
     p.stages["hidden_states"] = s

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import math
 import os
-from bisect import bisect_left, insort
+import random
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from heapq import heapreplace
+from itertools import accumulate
 from typing import Any
 
 GIB = 1024**3
@@ -289,21 +292,38 @@ def ladder_from(start: int, floor: int) -> list[int]:
     return [start] + [b for b in LADDER if floor <= b < start]
 
 
-def packed_rows(token_counts: list[int], budget: int) -> int:
-    """Rows of ``budget`` tokens that best-fit-decreasing packing fills (a longer sample is truncated to one row),
-    the way speculators' multipack sampler fills them."""
-    spaces: list[int] = []  # the free space of each open row, sorted
-    rows = 0
-    for n in sorted((min(c, budget) for c in token_counts), reverse=True):
-        i = bisect_left(spaces, n)
-        if i < len(spaces):
-            left = spaces.pop(i) - n
-        else:
-            rows += 1
-            left = budget - n
-        if left > 0:
-            insort(spaces, left)
-    return rows
+def _lpt_fits(lengths: list[int], max_len: int, replicas: int) -> bool:
+    """Whether longest-first onto the least full of ``replicas`` rows fits every length in ``max_len`` tokens."""
+    heap = [0] * replicas
+    for n in sorted(lengths, reverse=True):
+        if heap[0] + n > max_len:
+            return False
+        heapreplace(heap, heap[0] + n)
+    return True
+
+
+def steps_per_epoch(token_counts: list[int], budget: int, world: int, seed: int = 0) -> int:
+    """Optimizer steps in one epoch the way speculators 0.9.0's MultipackDistributedBatchSamplerV2 makes them
+    (speculators/train/distributed_batch_sampler.py, read here): longer samples truncated to ``budget``; in a
+    shuffled order, each step takes the most next samples that longest-first packing fits into ``world`` rows of
+    ``budget`` tokens (a binary search), one row per rank; fewer than ``world`` samples left over are dropped. The
+    shuffle is speculators' own per epoch; another order changes the count by a step or two."""
+    lengths = [min(int(c), budget) for c in token_counts]
+    random.Random(seed).shuffle(lengths)  # noqa: S311 - an order to pack in, no secret
+    cumsum = list(accumulate(lengths))
+    steps, ind, so_far = 0, 0, 0
+    while len(lengths) - ind >= world:
+        left, right = 1, 1 + bisect_right(cumsum, so_far + budget * world, lo=ind) - ind
+        while right - left > 1 and right > world:
+            mid = (left + right) // 2
+            if _lpt_fits(lengths[ind : ind + mid], budget, world):
+                left = mid
+            else:
+                right = mid
+        ind += left
+        so_far = cumsum[ind - 1]
+        steps += 1
+    return steps
 
 
 # --- the plan ----------------------------------------------------------------------------------------------------
@@ -416,11 +436,10 @@ def plan_training(p: Plan, t: Target, *, gpu_bytes: int, gpus_per_node: int, nod
         return
     train_samples = int(samples * (1 - val_ratio))
     if token_counts:
-        rows = packed_rows(token_counts[:train_samples], start)
-    else:
+        steps = steps_per_epoch(token_counts[:train_samples], start, world)
+    else:  # samples of the mean length, as many per row as fit
         per_row = max(1, start // max(1, int(min(mean_tokens, start))))
-        rows = -(-train_samples // per_row)
-    steps = -(-rows // world)
+        steps = train_samples // (world * per_row) if train_samples >= world else 0
     tokens = sum(min(c, start) for c in token_counts[:train_samples]) if token_counts else train_samples * min(
         mean_tokens, start)
     seconds = tokens * epochs / max(tokens_per_second * world, 1e-9)

@@ -58,7 +58,8 @@ def test_the_seeds_plan(tmp_path, monkeypatch):
     tr = plan.stages["training"]
     assert tr["start"] == 16384 and tr["ladder"][:3] == [16384, 12288, 8192]
     assert abs(tr["seconds"] / 3600 / 10.8 - 1) < 0.15  # the seeds' 10.8 h
-    assert tr["steps_per_epoch"] == -(-P.packed_rows(counts[: int(SEEDS_SAMPLES * 0.95)], 16384) // 4)
+    assert tr["steps_per_epoch"] == P.steps_per_epoch(counts[: int(SEEDS_SAMPLES * 0.95)], 16384, 4)
+    assert 1150 < tr["steps_per_epoch"] < 1300  # ~76M tokens in steps of up to 4 x 16384
     assert not plan.refusals and "declared 2,450 tok/s/GPU" in tr["needs_text"]
     assert any(line.startswith("hidden_states") and "ok" in line for line in plan.table())
 
@@ -125,19 +126,11 @@ def test_a_gpu_below_the_smallest_rung_is_refused():
     assert plan.stages["training"]["verdict"] == "REFUSED" and "smallest budget (1024 tokens" in plan.refusals[0]
 
 
-def test_packing():
-    assert P.packed_rows([10, 10, 10], 30) == 1
-    assert P.packed_rows([20, 20, 10, 10], 30) == 2
-    assert P.packed_rows([100, 5], 30) == 2  # the long one is truncated to a row of its own
-    assert P.packed_rows([], 30) == 0
-
-
-def test_the_advice_says_whether_the_fp8_store_fits(monkeypatch):
-    t = P.Target.from_config(KIMI)
-    monkeypatch.setattr(P, "free_bytes", lambda path: (3 * P.TB, path))
-    plan = P.Plan()
-    P.plan_hidden_states(plan, t, samples=SEEDS_SAMPLES, mean_tokens=2150, token_counts=None, aux_layers=3,
-                         store="file", path="/srv/hs", shards=1, shared=True, margin=0.05)
-    [msg] = plan.refusals
-    assert "the fp8 store needs 2.30 TB and fits (eagle3_data_hidden_store: fp8)" in msg, msg
-    assert "eagle3_hidden_states: online" in msg and "another path (eagle3_data_hidden_dir)" in msg
+def test_steps_are_speculators_multipack_steps():
+    # each step: the most next samples longest-first packing fits into one row of the budget per rank
+    assert P.steps_per_epoch([10, 10, 10], 30, 1) == 1
+    assert P.steps_per_epoch([20, 20, 10, 10], 30, 1) in (2, 3)  # the order decides: 20+10 | 20+10, or 20 | 20+10 | 10
+    assert P.steps_per_epoch([20, 20, 10, 10], 30, 2) == 1  # 20+10 on each of two ranks
+    assert P.steps_per_epoch([100, 5], 30, 1) == 2  # the long one truncated to a row of its own
+    assert P.steps_per_epoch([10, 10, 10], 30, 4) == 0  # fewer samples than ranks: dropped
+    assert P.steps_per_epoch([1000] * 37312, 4096, 1) == 37312 // 4  # four to a row

@@ -233,7 +233,7 @@ def test_the_plan_agrees_with_what_the_stages_wrote(trained, tmp_path):
     of the files on disk, and the budget the job started at."""
     proc = run_playbook(ROOT / "plan.yml", "-e", f"eagle3_reports_dir={tmp_path}", timeout=600)
     assert recap(proc.stdout)["ct129"]["failed"] == 0, proc.stdout[-3000:]
-    plan = json.loads((tmp_path / "plan.json").read_text())["ct129"]
+    plan = json.loads((tmp_path / "plan" / "ct129.json").read_text())
     sizes = ct("find", f"{RUN}/data/hidden_states", "-name", "hs_*.safetensors", "-printf", "%s\n").split()
     written = sum(int(size) for size in sizes)
     stated = plan["stages"]["hidden_states"]["bytes"]

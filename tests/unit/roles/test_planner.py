@@ -38,8 +38,8 @@ def plan(tmp_path: Path, tasks: str, **values):
              "eagle3_reports_dir": str(tmp_path / "reports"), "eagle3_train_ttt_steps": 5, **values}  # fmt: skip
     proc = run_playbook(tmp_path / f"{tasks}.yml", "-i", "localhost,", "--check", "-e", json.dumps(extra),
                         check=False, env=ansible_env(), timeout=180)  # fmt: skip
-    report = tmp_path / "reports" / "plan.json"
-    return proc, json.loads(report.read_text()) if report.exists() else {}
+    report = tmp_path / "reports" / "plan" / "localhost.json"
+    return proc, {"localhost": json.loads(report.read_text())} if report.exists() else {}
 
 
 def test_the_trainers_plan_in_check_mode(tmp_path):

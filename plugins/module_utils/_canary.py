@@ -63,10 +63,11 @@ def decide(canary: dict[str, float], peers: list[dict[str, float]], tolerance_pe
     elif theirs is None:
         out.update(decision="rollback", reason="the other servers served no speculative request in the window: "
                    "nothing to compare the canary with")  # fmt: skip
-    elif mine >= theirs * (1 - tolerance_percent / 100):
-        out.update(decision="promote", reason=f"accept length {mine:.2f} against the others' {theirs:.2f} "
-                   f"(within {tolerance_percent:g} %)")
     else:
-        out.update(decision="rollback", reason=f"accept length {mine:.2f} against the others' {theirs:.2f}, more than "
-                   f"{tolerance_percent:g} % below")
+        change = (mine / theirs - 1) * 100
+        figures = f"accept length {mine:.2f} against the others' {theirs:.2f} ({change:+.1f} %)"
+        if mine >= theirs * (1 - tolerance_percent / 100):
+            out.update(decision="promote", reason=f"{figures}, not more than {tolerance_percent:g} % below")
+        else:
+            out.update(decision="rollback", reason=f"{figures}, more than {tolerance_percent:g} % below")
     return out

@@ -1,6 +1,9 @@
-"""A load generator for the rolling-switch tests: runs in a lab container (stdlib only), sends greedy
+"""A load generator for the rolling-switch and canary tests: runs in a lab container (stdlib only), sends greedy
 /generate requests through the router with a fixed concurrency until a stop file appears, and writes one
-record per request (start, end, HTTP status, error) as JSON."""
+record per request (start, end, HTTP status, error) as JSON. The requests are the prompts of a JSON-lines file (its
+"prompt" fields) in the target's chat format, as a chat client's are: traffic like the drafter's training data, so
+that a draft's live accept length means what it means in serving (a bare text the tiny target never saw outside its
+template is answered without a draft's help from any draft)."""
 
 from __future__ import annotations
 
@@ -21,10 +24,13 @@ def main() -> None:
     ap.add_argument("--stop", required=True, help="stop once this file exists")
     ap.add_argument("--out", required=True)
     ap.add_argument("--key", default="", help="the serving plane's API key (the router forwards it to the server)")
+    ap.add_argument("--prompts", required=True, help="a JSON-lines file whose rows have a 'prompt' field")
+    ap.add_argument("--format", required=True, help="the target's chat format of one user turn, {} for the prompt")
     args = ap.parse_args()
     records: list[dict] = []
     lock = threading.Lock()
-    prompts = ["Explain speculative decoding briefly.", "List three uses of a router.", "What is a draft model?"]
+    with open(args.prompts, encoding="utf-8") as fh:
+        prompts = [args.format.replace("{}", json.loads(line)["prompt"]) for line in fh if line.strip()]
 
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {args.key}"} if args.key else {})}
 

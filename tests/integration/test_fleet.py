@@ -688,6 +688,21 @@ def router_workers() -> dict[str, dict]:
     return {w["url"]: w for w in listed["workers"]}
 
 
+LAB_PROMPTS = ROOT / "eagle3_ops" / "payloads" / "lab_target" / "prompts.jsonl"  # the corpus the lab's data stage reads
+
+
+def user_turn() -> str:
+    """One user turn in the tiny target's chat template (lab_target's CHAT_TEMPLATE, as its server applies it), {} for
+    the prompt."""
+    import jinja2
+
+    from eagle3_ops.payloads.lab_target.tiny_target import CHAT_TEMPLATE
+
+    turn = [{"role": "user", "content": "{}"}]
+    return jinja2.Environment(autoescape=False).from_string(CHAT_TEMPLATE).render(messages=turn,  # noqa: S701 - text
+                                                                                  add_generation_prompt=True)
+
+
 class Load:
     """tests/integration/loadgen.py in ct131, through the router, for the length of a rollout."""
 
@@ -696,11 +711,12 @@ class Load:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         shutil.copy(ROOT / "tests" / "integration" / "loadgen.py", self.dir / "loadgen.py")
+        shutil.copy(LAB_PROMPTS, self.dir / "prompts.jsonl")
         inside = f"{FLEET_RUN}/load-{name}"
         self.proc = subprocess.Popen(
             [PCT, "exec", "131", "--", "python3", f"{inside}/loadgen.py", "--url", "http://127.0.0.1:30080",
              "--concurrency", "2", "--stop", f"{inside}/stop", "--out", f"{inside}/records.json",
-             "--key", serving_keys(FLEET)["api"]],
+             "--key", serving_keys(FLEET)["api"], "--prompts", f"{inside}/prompts.jsonl", "--format", user_turn()],
             env=dict(os.environ, EAGLE3_LAB_NODE="pve-lab"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)  # fmt: skip
 
@@ -972,10 +988,10 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     proc = run_playbook("deploy.yml", *worse_draft, *canary, env=fleet_env(), timeout=1800, check=False)
     took = time.monotonic() - started
     records = load.stop()
-    text = " ".join(proc.stdout.split())
-    assert proc.returncode != 0 and recap(proc.stdout)["ct133"]["failed"] == 1, proc.stdout[-4000:]
-    said = re.search(r"Canary ct133 with (\S+): accept length ([\d.]+) against the others' ([\d.]+), more than 5 % "
-                     r"below over (\d+) request\(s\)", text)  # fmt: skip
+    text = " ".join(proc.stdout.split()).replace("''", "'")  # YAML's quoted quote in the callback's output
+    assert proc.returncode != 0 and recap(proc.stdout)["ct133"]["failed"] == 1, (canary_said(text), proc.stdout[-4000:])
+    said = re.search(r"Canary ct133 with (\S+): accept length ([\d.]+) against the others' ([\d.]+) \(-[\d.]+ %\), "
+                     r"more than 5 % below over (\d+) request\(s\)", text)  # fmt: skip
     assert said and said.group(1) != best_draft and float(said.group(2)) < float(said.group(3)), text[-3000:]
     assert int(said.group(4)) >= 6
     window = re.search(r"in ([\d.]+) s - rolled back", text)
@@ -999,10 +1015,11 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     proc = run_playbook("deploy.yml", *SERVE, *canary, env=fleet_env(), timeout=1800, check=False)
     took = time.monotonic() - started
     records = load.stop()
-    text = " ".join(proc.stdout.split())
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    text = " ".join(proc.stdout.split()).replace("''", "'")  # YAML's quoted quote in the callback's output
+    assert proc.returncode == 0, (canary_said(text), proc.stdout[-4000:])
     said = re.search(rf"Canary ct133 with {re.escape(best_draft)}: accept length ([\d.]+) against the others' "
-                     r"([\d.]+) \(within 5 %\) over (\d+) request\(s\) in ([\d.]+) s - promoted", text)  # fmt: skip
+                     r"([\d.]+) \([-+][\d.]+ %\), not more than 5 % below over (\d+) request\(s\) in ([\d.]+) s - "
+                     r"promoted", text)  # fmt: skip
     assert said and float(said.group(1)) >= float(said.group(2)), text[-3000:]
     record_figure("canary promoted", canary=float(said.group(1)), others=float(said.group(2)),
                   requests=int(said.group(3)), window_s=float(said.group(4)), deploy_s=round(took, 1),
@@ -1010,6 +1027,11 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, best_draft)
     assert [r for r in records if r["status"] != 200] == []
     assert [served_tokens(h) for h in SERVERS] == [5, 5]
+
+
+def canary_said(text: str) -> list[str]:
+    """What the canary's deploy said about it (its sentence, with the figures), for a failure's message."""
+    return re.findall(r"Canary ct\d+ .*?(?:promoted|rolled back|goes on)\.", text)
 
 
 def negate_lm_head(checkpoint: Path) -> None:

@@ -1,5 +1,6 @@
-"""Every role's molecule scenario (converge, idempotence, verify) on a real lab container - of the fleet tests' lab
-(tests/lab-fleet), in the worker that runs it, beside the one-node lab's tests. The serving roles' scenarios
+"""Every role's molecule scenario (converge, idempotence, verify) on a real lab container - of the one-node test lab
+(tests/lab), in the worker that runs its tests: the scenarios' containers are of the one-node shape (node pve-lab, no
+bridge), and the fleet lab's worker is the suite's longest chain. The serving roles' scenarios
 (sglang_serve, spec_bench) share one container - same platform, no destroy in their sequence - which this module
 removes after them."""
 
@@ -13,17 +14,17 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
-    FLEET_API_PORT,
-    FLEET_LXC_PATH,
-    FLEET_PCT,
-    FLEET_PORT,
-    FLEET_ROOT,
-    FLEET_STATE,
+    LAB_API_PORT,
+    LAB_LXC_PATH,
+    LAB_PORT,
+    LAB_ROOT,
+    LAB_STATE,
+    PCT,
     ROOT,
     ansible_env,
 )
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("fleet")]
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 SCENARIOS = sorted(ROOT.glob("roles/*/molecule/default/molecule.yml"))
 
 
@@ -43,14 +44,14 @@ def _shared_vmids() -> set[int]:
 def _remove_shared_containers():
     yield
     for vmid in sorted(_shared_vmids()):
-        if (FLEET_ROOT / "pve" / "nodes" / "pve-lab" / "lxc" / f"{vmid}.conf").exists():
-            subprocess.run([FLEET_PCT, "destroy", str(vmid), "--force", "1"], capture_output=True, timeout=300,
+        if (LAB_ROOT / "pve" / "nodes" / "pve-lab" / "lxc" / f"{vmid}.conf").exists():
+            subprocess.run([PCT, "destroy", str(vmid), "--force", "1"], capture_output=True, timeout=300,
                            check=False)  # fmt: skip
-        shutil.rmtree(FLEET_ROOT / "gpu" / str(vmid), ignore_errors=True)
+        shutil.rmtree(LAB_ROOT / "gpu" / str(vmid), ignore_errors=True)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.parents[2].name)
-def test_molecule_scenario(fleet_lab, scenario: Path, tmp_path):
+def test_molecule_scenario(lab, scenario: Path, tmp_path):
     role_dir = scenario.parents[2]
     molecule = Path(sys.executable).parent / "molecule"
     env = ansible_env(ANSIBLE_FORCE_COLOR="0", NO_COLOR="1", PY_COLORS="0")
@@ -60,12 +61,12 @@ def test_molecule_scenario(fleet_lab, scenario: Path, tmp_path):
         # Molecule's state of this run only: a state left by an earlier run (a scenario that keeps its container for
         # the next one) would make molecule skip create and prepare for a container the lab no longer has.
         MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"),
-        EAGLE3_LAB_STATE_DIR=str(FLEET_STATE),
-        EAGLE3_LAB_SSH_PORT=str(FLEET_PORT),
-        EAGLE3_LAB_API_PORT=str(FLEET_API_PORT),
-        EAGLE3_LAB_ROOT=str(FLEET_ROOT),
-        EAGLE3_LAB_LXC_PATH=str(FLEET_LXC_PATH),
-        EAGLE3_LAB_PCT=FLEET_PCT,
+        EAGLE3_LAB_STATE_DIR=str(LAB_STATE),
+        EAGLE3_LAB_SSH_PORT=str(LAB_PORT),
+        EAGLE3_LAB_API_PORT=str(LAB_API_PORT),
+        EAGLE3_LAB_ROOT=str(LAB_ROOT),
+        EAGLE3_LAB_LXC_PATH=str(LAB_LXC_PATH),
+        EAGLE3_LAB_PCT=PCT,
     )
     base_configs = ["-c", str(ROOT / ".config" / "molecule" / "config.yml"),
                     "-c", str(ROOT / "tests" / "molecule" / "test-lab.yml")]

@@ -35,11 +35,13 @@ def test_a_worse_canary_is_rolled_back_naming_both_figures():
     got = canary.decide(counted(40, 80, 50), [counted(30, 200, 80), counted(30, 220, 90)], 5, 20)
     assert got["decision"] == "rollback" and got["canary_accept_length"] == 1.6
     assert got["peers_accept_length"] == round(420 / 170, 3) and got["peers_requests"] == 60
-    assert "accept length 1.60 against the others' 2.47, more than 5 % below" in got["reason"]
+    assert "accept length 1.60 against the others' 2.47 (-35.2 %), more than 5 % below" in got["reason"]
 
 
 def test_an_equal_or_better_canary_is_promoted():
-    assert canary.decide(counted(40, 240, 100), [counted(40, 250, 100)], 5, 20)["decision"] == "promote"  # 4 % below
+    got = canary.decide(counted(40, 240, 100), [counted(40, 250, 100)], 5, 20)
+    assert got["decision"] == "promote"
+    assert got["reason"] == "accept length 2.40 against the others' 2.50 (-4.0 %), not more than 5 % below"
     assert canary.decide(counted(40, 300, 100), [counted(40, 250, 100)], 0, 20)["decision"] == "promote"
 
 

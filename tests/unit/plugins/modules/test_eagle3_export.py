@@ -44,15 +44,6 @@ def speculators_config(**overrides) -> dict:
     return conf
 
 
-@pytest.fixture
-def epoch(tmp_path) -> Path:
-    d = tmp_path / "train" / "4"
-    d.mkdir(parents=True)
-    save_file(drafter_tensors(), str(d / "model.safetensors"), metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps(speculators_config()))
-    return d
-
-
 def digest(d: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.is_file()}
 

@@ -9,21 +9,11 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests.unit.plugins.modules.test_eagle3_export import digest, export, speculators_config
+from tests.unit.plugins.modules.test_eagle3_export import digest, export
 from tests.unit.plugins.modules.test_safetensors_remap import drafter_tensors
 from tests.unit.plugins.modules.test_safetensors_remap_races import Run
-
-
-@pytest.fixture
-def epoch(tmp_path) -> Path:
-    d = tmp_path / "train" / "4"
-    d.mkdir(parents=True)
-    save_file(drafter_tensors(), str(d / "model.safetensors"), metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps(speculators_config()))
-    return d
 
 
 def versions(root: Path) -> list[str]:

@@ -983,12 +983,7 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     best_draft = unit_draft("ct134")
     ct134_unit = server("ct134", "cat", "/etc/systemd/system/sglang.service").stdout
 
-    load = Load("canary-worse")
-    started = time.monotonic()
-    proc = run_playbook("deploy.yml", *worse_draft, *canary, env=fleet_env(), timeout=1800, check=False)
-    took = time.monotonic() - started
-    records = load.stop()
-    text = " ".join(proc.stdout.split()).replace("''", "'")  # YAML's quoted quote in the callback's output
+    proc, text, took, records = deploy_under_load("canary-worse", *worse_draft, *canary)
     assert proc.returncode != 0 and recap(proc.stdout)["ct133"]["failed"] == 1, (canary_said(text), proc.stdout[-4000:])
     said = re.search(r"Canary ct133 with (\S+): accept length ([\d.]+) against the others' ([\d.]+) \(-[\d.]+ %\), "
                      r"more than 5 % below over (\d+) request\(s\)", text)  # fmt: skip
@@ -1010,12 +1005,7 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     first_draft = unit_draft("ct134")
     assert first_draft != best_draft and unit_draft("ct133") == first_draft
 
-    load = Load("canary-better")
-    started = time.monotonic()
-    proc = run_playbook("deploy.yml", *SERVE, *canary, env=fleet_env(), timeout=1800, check=False)
-    took = time.monotonic() - started
-    records = load.stop()
-    text = " ".join(proc.stdout.split()).replace("''", "'")  # YAML's quoted quote in the callback's output
+    proc, text, took, records = deploy_under_load("canary-better", *SERVE, *canary)
     assert proc.returncode == 0, (canary_said(text), proc.stdout[-4000:])
     said = re.search(rf"Canary ct133 with {re.escape(best_draft)}: accept length ([\d.]+) against the others' "
                      r"([\d.]+) \([-+][\d.]+ %\), not more than 5 % below over (\d+) request\(s\) in ([\d.]+) s - "
@@ -1027,6 +1017,16 @@ def test_a_canary_draft_is_judged_by_its_live_accept_length_under_real_traffic(f
     assert {h: unit_draft(h) for h in SERVERS} == dict.fromkeys(SERVERS, best_draft)
     assert [r for r in records if r["status"] != 200] == []
     assert [served_tokens(h) for h in SERVERS] == [5, 5]
+
+
+def deploy_under_load(name: str, *args: str) -> tuple[subprocess.CompletedProcess[str], str, float, list[dict]]:
+    """deploy.yml with ARGS while the load generator NAME runs through the router: the run, its output on one line
+    (YAML's quoted quote in the callback's output undone), the seconds it took and the load's records."""
+    load = Load(name)
+    started = time.monotonic()
+    proc = run_playbook("deploy.yml", *args, env=fleet_env(), timeout=1800, check=False)
+    took = time.monotonic() - started
+    return proc, " ".join(proc.stdout.split()).replace("''", "'"), took, load.stop()
 
 
 def canary_said(text: str) -> list[str]:

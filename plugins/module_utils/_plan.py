@@ -217,6 +217,19 @@ def free_bytes(path: str) -> tuple[int, str]:
     return st.f_bavail * st.f_frsize, probe
 
 
+# speculators' profile line in a training attempt's log (``profile/tokens_per_s=T``), and how much of the log's end
+# holds the newest figures: read by the plan (a measured throughput) and the training monitor (its polls).
+THROUGHPUT = r"tokens_per_s=([\d.]+(?:e[+-]?\d+)?)"
+LOG_TAIL_BYTES = 256 * 1024
+
+
+def log_tail(path: str) -> str:
+    """The end of a training attempt's log (its last LOG_TAIL_BYTES), where its newest figures are."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, os.path.getsize(path) - LOG_TAIL_BYTES))
+        return fh.read().decode("utf-8", "replace")
+
+
 def bytes_under(path: str) -> int:
     """Bytes already written under ``path`` (an earlier run's share: a resume needs only the rest)."""
     total = 0

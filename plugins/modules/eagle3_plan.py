@@ -231,11 +231,13 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.eagle3.ops.plugins.module_utils._plan import (
+    THROUGHPUT,
     Draft,
     Plan,
     PlanError,
     Target,
     bytes_under,
+    log_tail,
     plan_hidden_states,
     plan_regen,
     plan_serving,
@@ -292,9 +294,7 @@ def measured_throughput(state: str | None) -> float | None:
     logs = sorted((f for f in os.listdir(state) if re.fullmatch(r"attempt-\d+\.log", f)),
                   key=lambda f: int(f[8:-4]))  # fmt: skip
     for name in reversed(logs):
-        with open(os.path.join(state, name), "rb") as fh:
-            fh.seek(max(0, os.path.getsize(fh.name) - 256 * 1024))
-            found = re.findall(rb"tokens_per_s=([\d.]+(?:e[+-]?\d+)?)", fh.read())
+        found = re.findall(THROUGHPUT, log_tail(os.path.join(state, name)))
         if found:
             return float(found[-1])
     return None

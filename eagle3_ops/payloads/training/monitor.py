@@ -23,6 +23,11 @@ import sys
 import time
 from typing import Any
 
+try:  # shipped beside this file (a link to the collection's module_utils/_plan.py)
+    from ._plan import THROUGHPUT, log_tail
+except ImportError:  # pragma: no cover - run as a loose script
+    from _plan import THROUGHPUT, log_tail  # type: ignore[no-redef]
+
 try:  # shipped beside this file (a link to the collection's module_utils/_atomic.py)
     from . import _atomic as st
 except ImportError:  # pragma: no cover - run as a loose script
@@ -55,14 +60,12 @@ def gpus() -> list[dict[str, Any]]:
 def progress(log_path: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     try:
-        with open(log_path, "rb") as fh:
-            fh.seek(max(0, os.path.getsize(log_path) - 256 * 1024))
-            text = fh.read().decode("utf-8", "replace")
+        text = log_tail(log_path)
     except OSError:
         return found
     for pattern, key, cast in ((r"Training epoch (\d+)/(\d+)", "epoch", None),
                                (r"global_step=(\d+)", "step", int),
-                               (r"tokens_per_s=([\d.]+(?:e[+-]?\d+)?)", "tokens_per_s", float)):  # fmt: skip
+                               (THROUGHPUT, "tokens_per_s", float)):  # fmt: skip
         matches = re.findall(pattern, text)
         if matches:
             last = matches[-1]

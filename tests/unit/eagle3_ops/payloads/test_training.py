@@ -383,6 +383,16 @@ def test_a_restarted_leader_whose_follower_never_beats_stops_instead_of_waiting_
         (1, "interrupted", None), (2, "node_gone", str(state / "node-1"))]  # fmt: skip
 
 
+def test_monitor_reads_the_newest_figures_from_the_end_of_an_attempts_log(tmp_path):
+    from eagle3_ops.payloads.training import monitor
+
+    log = tmp_path / "attempt-1.log"
+    early = "Training epoch 1/5 global_step=1 profile/tokens_per_s=9.0\n"
+    log.write_text(early + "x" * (300 * 1024) + "\nTraining epoch 2/5 global_step=40 profile/tokens_per_s=1.5e+03\n")
+    assert monitor.progress(str(log)) == {"epoch": 2, "epochs": 5, "step": 40, "tokens_per_s": 1500.0}
+    assert monitor.progress(str(tmp_path / "attempt-2.log")) == {}  # no log yet
+
+
 def test_monitor_eta_from_the_measured_step_rate():
     from eagle3_ops.payloads.training import monitor
 

@@ -21,6 +21,10 @@ from tests.conftest import ROOT, lab_unavailable, recap, run_playbook
 pytestmark = pytest.mark.lab
 NAME = "debian-12-eagle3lab-v2_amd64.tar"
 DEFAULTS = yaml.safe_load((ROOT / "roles/lab_host/defaults/main.yml").read_text())
+# The rebuild from nothing includes one package beyond debootstrap's minbase, the one the stale template lacks: the
+# path (debootstrap, configure, verify, pack, publish) is every lab build's, and the lab's whole package list is
+# checked by the builds of the test labs themselves (lab_host's "Require a complete template"), not downloaded again.
+SMALL = ["python3"]
 
 
 @pytest.fixture
@@ -45,13 +49,14 @@ def test_a_stale_template_is_rebuilt_from_nothing_and_verified(cache, tmp_path):
     (stale_root / "var/lib/dpkg/status").write_text("Package: base-files\nStatus: install ok installed\n")
     subprocess.run(["tar", "-C", str(stale_root), "-cf", str(cache / NAME), "."], check=True)
 
-    proc = _build(cache)
+    small = json.dumps({"lab_host_template_packages": SMALL})
+    proc = _build(cache, "-e", small)
     assert recap(proc.stdout)["lab-host"]["changed"] == 1, proc.stdout[-3000:]
     assert "rebuilt: the cached one lacks packages (python3" in " ".join(proc.stdout.split())
     assert sorted(p.name for p in cache.iterdir()) == [NAME]  # no staging tree or partial tar left behind
 
-    packages = ["init", *DEFAULTS["lab_host_template_packages"]]
-    assert template.check_template(cache / NAME, packages)["ok"] is True
+    assert template.check_template(cache / NAME, ["init", *SMALL])["ok"] is True
+    assert set(SMALL) <= set(DEFAULTS["lab_host_template_packages"])  # a subset of what the lab's template includes
     # Independently of the builder's own check: unpack it and run python3 inside.
     root = tmp_path / "unpacked"
     root.mkdir()
@@ -63,7 +68,7 @@ def test_a_stale_template_is_rebuilt_from_nothing_and_verified(cache, tmp_path):
     assert not any((root / "var/cache/apt/archives").glob("*.deb"))
     assert root.stat().st_mode & 0o777 == 0o755  # the container's / lets every user in
 
-    again = _build(cache)
+    again = _build(cache, "-e", small)
     assert recap(again.stdout)["lab-host"]["changed"] == 0
     assert f"Template {NAME} is complete" in " ".join(again.stdout.split())
 

@@ -1,5 +1,6 @@
-"""scripts/speed.py (the machine's speed factor .ci/run prints) and scripts/timings.py (docs/timings.md from the
-benchmarks' records): loaded as the files they are."""
+"""scripts/speed.py (the machine's speed factor .ci/run prints), scripts/cpu_split.py (where the tests' CPU went, which
+.ci/run prints too) and scripts/timings.py (docs/timings.md from the benchmarks' records): loaded as the files they
+are."""
 
 from __future__ import annotations
 
@@ -51,3 +52,36 @@ def test_timings_names_a_broken_record(tmp_path: Path):
     (tmp_path / "bench_x.jsonl").write_text("{not json\n")
     with pytest.raises(SystemExit, match=r"bench_x.jsonl:1 is not JSON"):
         script("timings").render(tmp_path)
+
+
+def test_the_cpu_split_counts_containers_started_later_and_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    split = script("cpu_split")
+    (tmp_path / "cpuacct.usage").write_text("0")
+    monkeypatch.setattr(split, "V1", tmp_path)
+    machine = iter([100.0, 130.0, 160.0, 190.0])
+    monkeypatch.setattr(split, "machine_seconds", lambda: next(machine))
+
+    def usage(**seconds: float) -> None:
+        for old in tmp_path.glob("lxc.payload.*"):
+            (old / "cpuacct.usage").unlink()
+            old.rmdir()
+        for name, value in seconds.items():
+            (tmp_path / f"lxc.payload.{name}").mkdir()
+            (tmp_path / f"lxc.payload.{name}" / "cpuacct.usage").write_text(str(int(value * 1e9)))
+
+    usage(a=50)  # running before: only what it uses from now counts
+    sampler = split.Sampler()
+    usage(a=55, b=4)  # b started since: all of it
+    sampler.sample()
+    usage(a=60, b=1)  # b started again (its counter went down): its new run adds
+    sampler.sample()
+    usage(b=3)  # a destroyed: what it had stays counted
+    sampler.sample()
+    result = sampler.result()
+    assert result["machine_cpu_s"] == 90.0
+    assert result["containers_cpu_s"] == {"a": 10.0, "b": 7.0}
+    result["wall_s"], result["cores"] = 60.0, 2
+    assert split.show(result) == ("CPU during the tests: 75 % busy of 2 cores over 1.0 min; 1.5 CPU-min in all: the "
+                                  "containers 0.3 (19 %), the controller side (Ansible, pytest, hops) 1.2")  # fmt: skip
+    assert split.show({"wall_s": 1.0, "cores": 2, "machine_cpu_s": None, "containers_cpu_s": {}}).endswith(
+        "not measured (no /proc/stat)")

@@ -2,8 +2,8 @@
 """Where the test command's CPU goes: the machine's whole CPU time and each LXC container's (the labs' engines,
 trainers and modules), read from the kernel's cgroup accounting every few seconds while the tests run, so that a
 container destroyed mid-run still counts. The rest is the controller's: Ansible, pytest, the ssh hops, the lab's
-pct and API. .ci/run starts it beside the tests and prints its summary; on a machine without cgroup CPU accounting it
-says so and the run goes on.
+pct and API. .ci/run starts it beside the tests and prints its summary; where /proc/stat cannot be read it says
+"not measured", and where no cgroup accounts for the containers all of the CPU counts as the controller side's.
 
 Usage: python scripts/cpu_split.py --out FILE [--every SECONDS]   (runs until SIGTERM, then writes FILE)
        python scripts/cpu_split.py --show FILE                      (one line: busy %, containers' and the rest's)
@@ -53,18 +53,13 @@ def machine_seconds() -> float | None:
 
 
 def containers() -> dict[str, float]:
-    """Each running container's CPU seconds since it started."""
+    """Each running container's CPU seconds since it started (none where the kernel keeps no cgroup accounting)."""
+    root, read = (V1, _v1_read) if (V1 / "cpuacct.usage").exists() else (V2, _v2_read)
     found: dict[str, float] = {}
-    if (V1 / "cpuacct.usage").exists():
-        for path in V1.glob("lxc.payload.*"):
-            seconds = _v1_read(path)
-            if seconds is not None:
-                found[path.name.removeprefix("lxc.payload.")] = seconds
-    else:
-        for path in V2.glob("lxc.payload.*"):
-            seconds = _v2_read(path)
-            if seconds is not None:
-                found[path.name.removeprefix("lxc.payload.")] = seconds
+    for path in root.glob("lxc.payload.*"):
+        seconds = read(path)
+        if seconds is not None:
+            found[path.name.removeprefix("lxc.payload.")] = seconds
     return found
 
 
